@@ -1,0 +1,24 @@
+"""Models (PMF, sparse LR, dense LR), their lazy row-sparse optimisers and metrics."""
+
+from __future__ import annotations
+
+from ebb.models.base import Model
+from ebb.models.logistic import DenseLR, SparseLR
+from ebb.models.pmf import PMF
+
+MODEL_KINDS = {"pmf": "ratings", "sparse_lr": "sparse", "lr": "dense"}
+
+
+def build_model(name: str, manifest, hp, seed: int) -> Model:
+    """Build model ``name`` sized from a dataset ``manifest`` with hyper-parameters ``hp``."""
+    expected = MODEL_KINDS[name]
+    if manifest.kind != expected:
+        raise ValueError(f"model {name!r} needs a {expected} dataset, but {manifest.format!r} data is {manifest.kind}")
+    if name == "pmf":
+        return PMF(manifest.num_users, manifest.num_items, rank=hp.rank, lr=hp.lr, momentum=hp.momentum, l2=hp.l2,
+                   init_std=hp.init_std, global_mean=float(manifest.stats.get("rating_mean", 0.0)), seed=seed)
+    cls = SparseLR if name == "sparse_lr" else DenseLR
+    return cls(manifest.num_features, lr=hp.lr, l2=hp.l2, seed=seed)
+
+
+__all__ = ["Model", "PMF", "SparseLR", "DenseLR", "build_model", "MODEL_KINDS"]

@@ -1,0 +1,33 @@
+"""Evaluation metrics: RMSE for ratings; log-loss, accuracy and AUC for classifiers."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.stats import rankdata
+
+
+def rmse(pred: np.ndarray, target: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((pred.astype(np.float64) - target) ** 2)))
+
+
+def logloss(prob: np.ndarray, label: np.ndarray, eps: float = 1e-7) -> float:
+    p = np.clip(prob.astype(np.float64), eps, 1 - eps)
+    return float(-np.mean(label * np.log(p) + (1 - label) * np.log1p(-p)))
+
+
+def accuracy(prob: np.ndarray, label: np.ndarray) -> float:
+    return float(np.mean((prob >= 0.5) == (label >= 0.5)))
+
+
+def auc(score: np.ndarray, label: np.ndarray) -> float:
+    """Area under the ROC curve (Mann-Whitney U, ties averaged); NaN with one class only."""
+    pos = label >= 0.5
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    ranks = rankdata(score)
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def classification_metrics(prob: np.ndarray, label: np.ndarray) -> dict[str, float]:
+    return {"logloss": logloss(prob, label), "accuracy": accuracy(prob, label), "auc": auc(prob, label)}

@@ -1,0 +1,1 @@
+"""Storage back ends behind the engine's interfaces: local ones here, AWS ones beside them."""

@@ -1,0 +1,51 @@
+"""The small interfaces the engine talks to. Nothing here knows about AWS or processes."""
+
+from __future__ import annotations
+
+from typing import Iterable, Protocol
+
+
+class ObjectStore(Protocol):
+    """Datasets, checkpoints, models and reports: a flat key -> bytes namespace."""
+
+    def get(self, key: str) -> bytes: ...
+
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def list(self, prefix: str = "") -> list[str]: ...
+
+    def delete(self, key: str) -> None: ...
+
+
+class UpdateStore(Protocol):
+    """Ephemeral per-step state: each worker's encoded update for a step, and replicas."""
+
+    def publish(self, step: int, worker: int, payload: bytes) -> None: ...
+
+    def fetch(self, step: int, workers: Iterable[int]) -> dict[int, bytes]:
+        """Payloads of ``workers`` for ``step``; a worker that sent nothing is absent."""
+        ...
+
+    def discard(self, steps: Iterable[int], workers: Iterable[int]) -> None: ...
+
+    def put_blob(self, name: str, payload: bytes) -> None: ...
+
+    def get_blob(self, name: str) -> bytes | None: ...
+
+
+class SignalChannel(Protocol):
+    """Control messages: worker reports up to the supervisor, directives down to workers."""
+
+    def report(self, message: dict) -> None: ...
+
+    def next_reports(self, timeout: float) -> list[dict]:
+        """Block up to ``timeout`` s for at least one report; return all that are waiting."""
+        ...
+
+    def direct(self, workers: Iterable[int], message: dict) -> None: ...
+
+    def next_directive(self, worker: int, timeout: float) -> dict | None:
+        """The next directive for ``worker``, waiting up to ``timeout`` s (0: don't wait)."""
+        ...
