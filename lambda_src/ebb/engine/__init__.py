@@ -1,0 +1,1 @@
+"""The training engine: workers, supervisor, sync models. Knows nothing of AWS or processes."""

@@ -1,0 +1,324 @@
+"""The supervisor loop (DESIGN §1–4): membership, the step barrier, loss aggregation,
+stop criteria, the scaling policy, and the final merge and evaluation.
+
+It never touches a worker's data path: it reads small reports, and for every step that
+all active workers have announced it publishes one directive (go on / evict / join /
+stop). Steps are *cleared* in order; the directive of step k is what lets BSP and ISP
+workers go past their barrier, and what tells SSP workers how far the slowest one is.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+import torch
+
+from ebb.data.format import decode_batch
+from ebb.engine.striping import PartSequence
+from ebb.engine.worker import BLOB_WAIT_S, EngineError, PartCache, WorkerStart, final_blob, load_manifest, replica_blob
+from ebb.models import build_model
+from ebb.spec import JobSpec
+from ebb.stores.base import ObjectStore, SignalChannel, UpdateStore
+
+REPORT_POLL_S = 0.5
+LOSS_EWMA = 0.3  # weight of the newest step in a worker's recent loss
+
+
+class WorkerLauncher(Protocol):
+    def launch(self, start: WorkerStart) -> None: ...
+
+    def failed(self) -> str | None:
+        """A description of a worker that died, if any did."""
+        ...
+
+
+class MetricsSink(Protocol):
+    def step(self, record: dict) -> None: ...
+
+    def close(self, report: dict) -> None: ...
+
+
+class NullSink:
+    def step(self, record: dict) -> None:
+        pass
+
+    def close(self, report: dict) -> None:
+        pass
+
+
+@dataclass
+class Totals:
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    worker_seconds: float = 0.0
+    updates_sent: int = 0
+    empty_steps: int = 0
+    sent_nnz: int = 0
+    local_nnz: int = 0
+    timing: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
+                "worker_seconds": round(self.worker_seconds, 3), "updates_sent": self.updates_sent,
+                "empty_steps": self.empty_steps,
+                "sent_fraction": self.sent_nnz / self.local_nnz if self.local_nnz else 0.0,
+                "timing_seconds": {k: round(v, 4) for k, v in sorted(self.timing.items())}}
+
+
+
+
+def policy_for(spec: JobSpec):
+    """The scaling policy of a job (SSP and single-worker jobs never scale)."""
+    from ebb.autotune.policies import make_policy
+
+    s = spec.scaling
+    if spec.sync.mode == "ssp" or (spec.workers == 1 and s.policy != "schedule"):
+        return make_policy("none")
+    if s.policy == "autotune":
+        return make_policy("autotune", interval_s=s.interval_s, horizon_s=s.horizon_s, tolerance=s.tolerance,
+                           knee_tolerance=s.knee_tolerance, knee_patience=s.knee_patience, min_workers=s.min_workers)
+    if s.policy == "schedule":
+        return make_policy("schedule", schedule=[e.model_dump() for e in s.schedule], min_workers=s.min_workers,
+                           max_workers=max([spec.workers] + [e.workers for e in s.schedule]))
+    return make_policy("none")
+
+
+class Supervisor:
+    def __init__(self, spec: JobSpec, objects: ObjectStore, updates: UpdateStore, signals: SignalChannel,
+                 launcher: WorkerLauncher, sink: MetricsSink | None = None, policy=None,
+                 cost_meter: Callable[["Supervisor"], dict] | None = None):
+        self.spec, self.objects, self.updates, self.signals = spec, objects, updates, signals
+        self.launcher, self.sink = launcher, sink or NullSink()
+        self.policy = policy if policy is not None else policy_for(spec)
+        self.cost_meter = cost_meter
+        self.manifest = load_manifest(objects)
+        self.num_parts = len(self.manifest.train.parts)
+        self.loss_name = build_model(spec.model, self.manifest, spec.hyper, spec.seed).loss_name
+        self.members = list(range(spec.workers))
+        self.next_id = spec.workers
+        self.started_at: dict[int, float] = {}
+        self.ended_at: dict[int, float] = {}
+        self.steps: dict[int, dict[int, dict]] = {}
+        self.clock = -1
+        self.cursor = 0
+        self.discarded_upto = -1
+        self.at_target = 0
+        self.recent_loss: dict[int, float] = {}
+        self.history: list[dict] = []
+        self.scale_events: list[dict] = []
+        self.sync_samples: list[float] = []
+        self.totals = Totals()
+        self.stop_reason: str | None = None
+        self.finals: set[int] = set()
+        self.t0 = time.monotonic()
+
+    # -- accounting ----------------------------------------------------------------
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def worker_seconds(self) -> float:
+        now = time.monotonic()
+        return sum(self.ended_at.get(w, now) - t for w, t in self.started_at.items())
+
+    def loss_value(self, loss_sum: float, samples: int) -> float:
+        mean = loss_sum / max(samples, 1)
+        return math.sqrt(mean) if self.loss_name == "rmse" else mean
+
+    def cost(self) -> dict | None:
+        return self.cost_meter(self) if self.cost_meter else None
+
+    # -- main loop -----------------------------------------------------------------
+    def start_workers(self) -> None:
+        for w in self.members:
+            self.started_at[w] = time.monotonic()
+            self.launcher.launch(WorkerStart(worker=w, members=list(self.members)))
+
+    def run(self) -> dict:
+        """Drive the job to its end; returns the report (``status`` says how it ended)."""
+        self.t0 = time.monotonic()
+        self.start_workers()
+        while not (self.stop_reason and self.finals >= set(self.members)):
+            reports = self.signals.next_reports(REPORT_POLL_S)
+            if not reports and (dead := self.launcher.failed()):
+                raise EngineError(dead)
+            for r in reports:
+                self._take(r)
+            while self.stop_reason is None and self._step_complete(self.clock + 1):
+                self._close_step(self.clock + 1)
+        return self._finish()
+
+    def _take(self, r: dict) -> None:
+        kind, w = r["type"], r["w"]
+        self.totals.bytes_received += r.get("read_bytes", 0)
+        for k, v in r.get("timing", {}).items():
+            self.totals.timing[k] = self.totals.timing.get(k, 0.0) + v
+        if kind == "step":
+            self.steps.setdefault(r["t"], {})[w] = r
+            if r.get("sync_s") is not None:
+                self.sync_samples.append(r["sync_s"])
+        elif kind in ("left", "final"):
+            self.ended_at[w] = time.monotonic()
+            if kind == "final":
+                self.finals.add(w)
+
+    def _step_complete(self, k: int) -> bool:
+        got = self.steps.get(k, {})
+        return all(w in got for w in self.members)
+
+    def _close_step(self, k: int) -> None:
+        reports = self.steps.pop(k)
+        trained = list(self.members)
+        loss_sum = sum(r["loss_sum"] for r in reports.values())
+        samples = sum(r["n"] for r in reports.values())
+        loss = self.loss_value(loss_sum, samples)
+        self.cursor += len(trained)
+        epoch = self.cursor / self.num_parts
+        elapsed = self.elapsed()
+        t = self.totals
+        sent = sum(r["sent_bytes"] for r in reports.values())
+        t.bytes_sent += sent
+        t.updates_sent += sum(not r["empty"] for r in reports.values())
+        t.empty_steps += sum(r["empty"] for r in reports.values())
+        sent_nnz = sum(r["sent_nnz"] for r in reports.values())
+        local_nnz = sum(r["local_nnz"] for r in reports.values())
+        t.sent_nnz += sent_nnz
+        t.local_nnz += local_nnz
+        for w, r in reports.items():
+            mine = self.loss_value(r["loss_sum"], r["n"])
+            prev = self.recent_loss.get(w)
+            self.recent_loss[w] = mine if prev is None else LOSS_EWMA * mine + (1 - LOSS_EWMA) * prev
+        t.worker_seconds = self.worker_seconds()
+        record = {"step": k, "time": round(elapsed, 4), "loss": loss, "epoch": round(epoch, 4),
+                  "workers": len(trained), "bytes_sent": sent,
+                  "bytes_received": sent * (len(trained) - 1),
+                  "sent_fraction": sent_nnz / local_nnz if local_nnz else 0.0}
+        cost = self.cost()
+        if cost is not None:
+            record["cost_usd"] = cost["total_usd"]
+        self.history.append(record)
+
+        self.stop_reason = self._stop_reason(loss, epoch, elapsed, cost, k)
+        directive: dict = {"step": k, "stop": bool(self.stop_reason),
+                           "last_sent_at": max(r["sent_at"] for r in reports.values())}
+        if not self.stop_reason:
+            self._scale(k, elapsed, loss, epoch, directive)
+        self.sink.step({**record, "active": len(self.members), "stop": self.stop_reason})
+        self.signals.direct(trained, directive)
+        self.clock = k
+        # Every worker has applied the steps up to min(applied): their updates can go.
+        applied = min(r["applied"] for r in reports.values())
+        if applied > self.discarded_upto:
+            self.updates.discard(range(self.discarded_upto + 1, applied + 1), range(self.next_id))
+            self.discarded_upto = applied
+
+    def _stop_reason(self, loss: float, epoch: float, elapsed: float, cost: dict | None, k: int) -> str | None:
+        stop = self.spec.stop
+        if not math.isfinite(loss):
+            raise EngineError(f"the training loss diverged at step {k} ({loss}); lower the learning rate")
+        if stop.target_loss is not None:
+            self.at_target = self.at_target + 1 if loss <= stop.target_loss else 0
+            if self.at_target >= stop.patience:
+                return "converged"
+        if epoch >= stop.max_epochs:
+            return "max_epochs"
+        if elapsed >= stop.max_seconds:
+            return "max_time"
+        if stop.budget_usd is not None and cost is not None and k > 0:
+            # Stop while the next step still fits: project one more step at the mean rate.
+            per_step = cost["total_usd"] / (k + 1)
+            if cost["total_usd"] + 2 * per_step > stop.budget_usd:
+                return "budget"
+        return None
+
+    def _scale(self, k: int, elapsed: float, loss: float, epoch: float, directive: dict) -> None:
+        from ebb.autotune.policies import pick_eviction
+
+        self.policy.observe(k, elapsed, loss, len(self.members), epoch)
+        decision = self.policy.decide(k, elapsed, len(self.members), epoch)
+        if decision is None:
+            return
+        min_workers = self.spec.scaling.min_workers
+        if decision.action == "evict":
+            evict: list[int] = []
+            for _ in range(decision.count):
+                if len(self.members) - len(evict) <= min_workers:
+                    break
+                candidates = {w: self.recent_loss.get(w, 0.0) for w in self.members if w not in evict}
+                evict.append(pick_eviction(candidates))
+            for w in evict:
+                self.scale_events.append({"step": k, "time": round(elapsed, 3), "action": "evict", "worker": w,
+                                          "reason": decision.reason, "recent_loss": self.recent_loss.get(w)})
+            self.members = [w for w in self.members if w not in evict]
+            directive["evict"] = evict
+        elif decision.action == "join":
+            donor = self.members[0]
+            joined = list(range(self.next_id, self.next_id + decision.count))
+            self.next_id += decision.count
+            self.members = sorted(self.members + joined)
+            directive["donors"] = [donor]
+            for w in joined:
+                self.started_at[w] = time.monotonic()
+                self.launcher.launch(WorkerStart(worker=w, members=list(self.members), step=k + 1,
+                                                 cursor=self.cursor, donor_blob=replica_blob(donor, k)))
+                self.scale_events.append({"step": k, "time": round(elapsed, 3), "action": "join", "worker": w,
+                                          "reason": decision.reason, "donor": donor})
+        directive["members"] = list(self.members)
+
+    # -- the end -------------------------------------------------------------------
+    def merged_replica(self) -> dict[str, np.ndarray]:
+        """Average of the final replicas of the active workers (DESIGN §1 step 3)."""
+        total: dict[str, np.ndarray] | None = None
+        for w in self.members:
+            blob = self.updates.get_blob(final_blob(w))
+            if blob is None:
+                raise EngineError(f"worker {w} finished without its final replica")
+            arrays = decode_batch(blob)
+            if total is None:
+                total = {n: a.astype(np.float64) for n, a in arrays.items()}
+            else:
+                for n, a in arrays.items():
+                    total[n] += a
+        assert total is not None
+        return {n: (a / len(self.members)).astype(np.float32) for n, a in total.items()}
+
+    def evaluate(self, replica: dict[str, np.ndarray]) -> dict[str, float]:
+        model = build_model(self.spec.model, self.manifest, self.spec.hyper, self.spec.seed)
+        for n, p in model.params.items():
+            p.copy_(torch.from_numpy(replica[n]))
+        if not self.manifest.test.parts:
+            return {}
+        cache = PartCache(self.objects, self.manifest, model, split="test", capacity=1)
+        return model.evaluate(cache.get(i) for i in range(len(self.manifest.test.parts)))
+
+    def _finish(self) -> dict:
+        wall = self.elapsed()
+        self.totals.worker_seconds = self.worker_seconds()
+        replica = self.merged_replica()
+        test_metrics = self.evaluate(replica)
+        sync = sorted(self.sync_samples)
+        report = {
+            "status": self.stop_reason,
+            "wall_seconds": round(wall, 3),
+            "steps": self.clock + 1,
+            "epochs": round(self.cursor / self.num_parts, 4),
+            "final_loss": self.history[-1]["loss"] if self.history else None,
+            "loss_name": self.loss_name,
+            "test_metrics": test_metrics,
+            "workers": {"initial": self.spec.workers, "final": len(self.members)},
+            "history": self.history,
+            "totals": self.totals.as_dict(),
+            "sync_overhead_ms": {"median": 1000 * sync[len(sync) // 2], "p90": 1000 * sync[int(len(sync) * 0.9)],
+                                 "samples": len(sync)} if sync else None,
+            "scale_events": self.scale_events,
+        }
+        cost = self.cost()
+        if cost is not None:
+            report["cost"] = cost
+            report["perf_per_dollar"] = 1.0 / (wall * cost["total_usd"]) if cost["total_usd"] > 0 else None
+        self.replica = replica
+        self.sink.close(report)
+        return report

@@ -1,0 +1,1 @@
+"""The embedded default: worker processes and a private redis-server on this machine."""

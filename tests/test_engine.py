@@ -1,0 +1,193 @@
+"""The distributed engine over a real redis-server: sync models, the filter, the store."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import redis
+import torch
+
+from ebb.data.format import part_key
+from ebb.engine.isp import SignificanceFilter
+from ebb.engine.striping import PartSequence, position_of
+from ebb.engine.supervisor import Supervisor
+from ebb.engine.worker import Worker, load_manifest
+from ebb.local.redis_server import RedisServer
+from ebb.local.runner import ThreadLauncher, run_local
+from ebb.sparse import RowUpdate
+from ebb.spec import load_spec
+from ebb.stores.local import FolderObjectStore
+from ebb.stores.memory import MemorySignalChannel, MemoryUpdateStore
+from ebb.stores.redis_store import RedisUpdateStore
+
+
+def _spec(data_dir, tmp_path, **fields):
+    base = {"model": "pmf", "data": data_dir, "out": str(tmp_path), "scaling.policy": "none", "seed": 3,
+            "hyper.rank": 6, "stop.max_epochs": 2}
+    base.update(fields)
+    return load_spec(overrides=base)
+
+
+def test_row_update_codec_round_trips():
+    upd = RowUpdate({"user": (torch.tensor([3, 9, 1]), torch.randn(3, 5)), "bias": (torch.tensor([0]), torch.randn(1, 1)),
+                     "none": (torch.tensor([], dtype=torch.int64), torch.zeros(0, 4))})
+    raw = upd.encode()
+    assert len(raw) == upd.nbytes()
+    back = RowUpdate.decode(raw)
+    for name, (idx, vals) in upd.rows.items():
+        assert torch.equal(back.rows[name][0], idx)
+        assert torch.equal(back.rows[name][1], vals)
+    with pytest.raises(ValueError, match="not an Ebb update"):
+        RowUpdate.decode(b"pickle" + raw)
+
+
+def test_filter_accumulators_lose_nothing():
+    torch.manual_seed(0)
+    params = {"w": torch.randn(50, 4)}
+    filt = SignificanceFilter(params, threshold=0.5)
+    total = torch.zeros(50, 4)
+    sent_sum = torch.zeros(50, 4)
+    sent_rows = touched_rows = 0
+    for step in range(200):
+        rows = torch.unique(torch.randint(0, 50, (12,)))
+        vals = 0.05 * torch.randn(rows.numel(), 4)
+        total.index_add_(0, rows, vals)
+        sent = filt(RowUpdate({"w": (rows, vals)}), params, step)
+        idx, sv = sent.rows["w"]
+        assert set(idx.tolist()) <= set(rows.tolist()), "the filter only sends rows the step touched"
+        sent_sum.index_add_(0, idx, sv)
+        sent_rows += idx.numel()
+        touched_rows += rows.numel()
+    torch.testing.assert_close(sent_sum + filt.pending["w"], total, rtol=0, atol=1e-5)
+    assert 0 < sent_rows < touched_rows  # it filtered something and sent something
+    flushed = filt.flush()
+    torch.testing.assert_close(sent_sum.index_add(0, *flushed.rows["w"]), total, rtol=0, atol=1e-5)
+    assert filt.pending_nnz() == 0
+
+
+def test_filter_threshold_decays_and_zero_sends_every_nonzero_row():
+    params = {"w": torch.ones(4, 2)}
+    filt = SignificanceFilter(params, threshold=0.0)
+    upd = RowUpdate({"w": (torch.tensor([0, 2, 3]), torch.tensor([[1e-9, 0], [0.0, 0.0], [-1e-7, 1e-7]]))})
+    assert filt(upd, params, step=5).rows["w"][0].tolist() == [0, 3]
+    assert SignificanceFilter(params, 0.7).threshold_at(3) == pytest.approx(0.35)
+
+
+def test_isp_with_zero_threshold_is_bsp_bit_for_bit(small_ratings, redis_url, tmp_path):
+    data_dir, _ = small_ratings
+    runs = {}
+    for name, sync in (("bsp", {"sync.mode": "bsp"}), ("isp0", {"sync.mode": "isp", "sync.significance": 0.0}),
+                       ("isp", {"sync.mode": "isp", "sync.significance": 0.7})):
+        spec = _spec(data_dir, tmp_path / name, workers=3, redis_urls=[redis_url], **sync)
+        report, sup = run_local(spec)
+        runs[name] = (report, sup.replica)
+    (bsp, bsp_model), (isp0, isp0_model), (isp, _) = runs["bsp"], runs["isp0"], runs["isp"]
+    assert [h["loss"] for h in bsp["history"]] == [h["loss"] for h in isp0["history"]]
+    for name in bsp_model:
+        assert np.array_equal(bsp_model[name], isp0_model[name]), name
+    assert bsp["test_metrics"] == isp0["test_metrics"]
+    # A real threshold sends less and still trains.
+    assert isp["totals"]["bytes_sent"] < 0.7 * bsp["totals"]["bytes_sent"]
+    assert isp["totals"]["sent_fraction"] < bsp["totals"]["sent_fraction"] == 1.0
+    assert isp["test_metrics"]["rmse"] < 1.1 * bsp["test_metrics"]["rmse"]
+
+
+class _RecordingChannel(MemorySignalChannel):
+    def __init__(self):
+        super().__init__()
+        self.log: list[dict] = []
+
+    def report(self, message):
+        self.log.append(dict(message))
+        super().report(message)
+
+
+class _SlowWorkerZero(Worker):
+    def _compute_and_publish(self):
+        if self.me == 0:
+            time.sleep(0.004)
+        super()._compute_and_publish()
+
+
+def test_ssp_never_lets_a_worker_run_more_than_slack_ahead(small_ratings, tmp_path):
+    data_dir, _ = small_ratings
+    slack = 2
+    spec = _spec(data_dir, tmp_path, workers=3, **{"sync.mode": "ssp", "sync.slack": slack, "stop.max_epochs": 4})
+    objects, updates, signals = FolderObjectStore(data_dir), MemoryUpdateStore(), _RecordingChannel()
+    launcher = ThreadLauncher(spec, objects, updates, signals, worker_cls=_SlowWorkerZero)
+    report = Supervisor(spec, objects, updates, signals, launcher).run()
+    launcher.stop_all()
+    steps = [m for m in signals.log if m["type"] == "step"]
+    leads = [m["t"] - 1 - m["applied"] for m in steps]  # steps not yet applied from everyone
+    assert max(leads) == slack, "fast workers used their slack"
+    assert all(lead <= slack for lead in leads)
+    assert report["status"] == "max_epochs"
+
+
+def test_four_workers_converge_over_redis_processes(small_ratings, tmp_path):
+    """The embedded default: a private redis-server and four worker processes."""
+    data_dir, meta = small_ratings
+    spec = _spec(data_dir, tmp_path, workers=4, **{"sync.mode": "isp", "stop.max_epochs": 15, "hyper.rank": 5})
+    report, _ = run_local(spec)
+    store = FolderObjectStore(data_dir)
+    manifest = load_manifest(store)
+    baseline = manifest.stats["rating_std"] if "rating_std" in manifest.stats else None
+    assert report["status"] == "max_epochs"
+    assert report["workers"] == {"initial": 4, "final": 4}
+    history = report["history"]
+    assert history[-1]["loss"] < 0.6 * history[0]["loss"]
+    assert report["test_metrics"]["rmse"] < 1.5 * meta["noise"] + 0.1
+    assert report["totals"]["bytes_received"] > 0 and report["totals"]["updates_sent"] > 0
+    assert baseline is None or report["test_metrics"]["rmse"] < 0.7 * baseline
+
+
+def test_redis_update_store_shards_by_worker_and_discards(tmp_path):
+    with RedisServer() as a, RedisServer() as b:
+        store = RedisUpdateStore([a.url, b.url], "job1")
+        for w in range(4):
+            store.publish(7, w, bytes([w]) * 10)
+        ra, rb = redis.Redis.from_url(a.url), redis.Redis.from_url(b.url)
+        assert sorted(ra.keys("ebb:job1:u:*")) == [b"ebb:job1:u:7:0", b"ebb:job1:u:7:2"]
+        assert sorted(rb.keys("ebb:job1:u:*")) == [b"ebb:job1:u:7:1", b"ebb:job1:u:7:3"]
+        assert 0 < ra.ttl("ebb:job1:u:7:0") <= 3600
+        got = store.fetch(7, [0, 1, 2, 3, 4])
+        assert got == {w: bytes([w]) * 10 for w in range(4)}  # worker 4 sent nothing: absent
+        store.discard([7], range(4))
+        assert store.fetch(7, range(4)) == {}
+        store.put_blob("x", b"abc")
+        store.clear()
+        assert ra.dbsize() == 0 and rb.dbsize() == 0
+
+
+def test_striping_visits_every_part_once_per_epoch_across_membership_changes():
+    seq = PartSequence(num_parts=23, seed=4)
+    members_by_step = [list(range(8))] * 3 + [[0, 1, 2, 4, 5, 6, 7]] * 5 + [[1, 2, 4, 6]] * 20
+    cursor, positions = 0, []
+    for members in members_by_step:
+        positions += [position_of(cursor, members, w) for w in members]
+        cursor += len(members)
+    assert positions == list(range(cursor))  # no gap, no repeat
+    for epoch in range(cursor // 23):
+        parts = [seq.part_at(p) for p in range(epoch * 23, (epoch + 1) * 23)]
+        assert sorted(parts) == list(range(23))
+    assert [seq.part_at(p) for p in range(23)] != [seq.part_at(p) for p in range(23, 46)]  # reshuffled
+
+
+def test_a_crashing_worker_fails_the_job_and_leaves_nothing_running(small_ratings, tmp_path):
+    import shutil
+
+    import psutil
+
+    data_dir, _ = small_ratings
+    broken = tmp_path / "broken"
+    shutil.copytree(data_dir, broken)
+    (broken / part_key("train", 1)).write_bytes(b"corrupt")
+    spec = _spec(str(broken), tmp_path / "out", workers=2)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(Exception, match="worker .* died"):
+        run_local(spec)
+    leftover = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()
+                and p.status() != psutil.STATUS_ZOMBIE]
+    assert leftover == []
