@@ -1,0 +1,284 @@
+"""The scale-in auto-tuner (MLLess §4.2; DESIGN §4): when to remove one more worker.
+
+The supervisor calls ``observe`` once per completed step and ``decide`` right after; a
+returned reason string means "evict one worker now". Which worker goes is the
+supervisor's choice (``policies.pick_eviction``).
+
+Timeline:
+
+* before the knee of the loss curve: never evict;
+* at the knee: fit the reference curve ``L_P`` to the (smoothed) loss history, take the
+  reference step duration ``d_P`` as the mean so far, evict one worker;
+* afterwards, at most once per interval ``T``: fit ``ℓ_p`` to the losses observed with
+  the current fleet since the last eviction, take ``d_p`` as their mean step duration,
+  and evict one more worker when the projected relative loss penalty over the horizon
+  ``Δ`` is below the tolerance ``S``::
+
+      s_Δ(t) = (ℓ_p(t + ⌊Δ/d_p⌋) − L_P(t + ⌊Δ/d_P⌋)) / L_P(t + ⌊Δ/d_P⌋)
+
+Sign convention: s_Δ is how much *worse* (higher) the loss projected with p workers is
+than the one projected for the full fleet, so s_Δ ≥ S means "removing workers hurts,
+keep them" and a negative s_Δ means the smaller fleet is ahead (fewer workers also
+make each step faster). This is the sense MLLess describes for Eq. (1) ("can be
+negative, which means that system throughput is indeed better"); written literally as
+``(L_P − ℓ_p)/L_P < S`` the condition would evict exactly when fewer workers do worse.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .curves import LocalCurve, ReferenceCurve, fit_local, fit_reference
+from .knee import DEFAULT_ALPHA, DEFAULT_PATIENCE, DEFAULT_TOLERANCE, KneeDetector, smooth_points
+
+# Default tolerance S. s_Δ is relative to the *absolute* loss, which includes the
+# irreducible floor θ3 (BCE ~0.5, RMSE ~0.8): after the knee the whole remaining
+# improvement is often only a few percent of the loss. With S = 0.05 almost any fleet
+# would pass and the tuner would shrink straight to min_workers; 1 % still lets it evict
+# while the smaller fleet keeps pace and stops once it visibly falls behind.
+DEFAULT_S = 0.01
+
+# Fits use at most this many evenly spaced smoothed points: the smoothed curve carries
+# no more information at a finer spacing, and the solver's cost grows with the count.
+MAX_FIT_POINTS = 200
+
+
+class ScaleInTuner:
+    """MLLess scale-in scheduler over a stream of (step, elapsed, loss, workers).
+
+    ``interval_s`` (T): seconds between decisions after the knee (MLLess: 20 s).
+    ``horizon_s`` (Δ ≤ T): look-ahead used to project both curves (MLLess: 10 s).
+    ``tolerance`` (S in [0, 1]): evict while s_Δ < S; see ``DEFAULT_S``.
+    ``knee_alpha``/``knee_tolerance``/``knee_patience``: the knee detector's settings.
+    ``min_workers``: never suggest an eviction at or below this fleet size.
+    ``min_fit_points``: steps needed since the last eviction before ``ℓ_p`` is fitted.
+    ``fit_alpha``: EWMA weight of the outlier filter applied before every fit; lighter
+    than the knee's smoothing because least squares already averages noise and a
+    heavier EWMA lags the curve.
+    """
+
+    def __init__(
+        self,
+        *,
+        interval_s: float = 20.0,
+        horizon_s: float = 10.0,
+        tolerance: float = DEFAULT_S,
+        knee_alpha: float = DEFAULT_ALPHA,
+        knee_tolerance: float = DEFAULT_TOLERANCE,
+        knee_patience: int = DEFAULT_PATIENCE,
+        min_workers: int = 1,
+        min_fit_points: int = 10,
+        fit_alpha: float = 0.3,
+    ):
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        if not 0 < horizon_s <= interval_s:
+            raise ValueError(f"horizon_s must be in (0, interval_s={interval_s}], got {horizon_s}")
+        if not 0.0 <= tolerance <= 1.0:
+            raise ValueError(f"tolerance S must be in [0, 1], got {tolerance}")
+        if min_workers < 1:
+            raise ValueError(f"min_workers must be >= 1, got {min_workers}")
+        if min_fit_points < 5:
+            raise ValueError(f"min_fit_points must be >= 5 (4 parameters are fitted), got {min_fit_points}")
+        if not 0.0 < fit_alpha <= 1.0:
+            raise ValueError(f"fit_alpha must be in (0, 1], got {fit_alpha}")
+        self.interval_s = float(interval_s)
+        self.horizon_s = float(horizon_s)
+        self.tolerance = float(tolerance)
+        self.min_workers = int(min_workers)
+        self.min_fit_points = int(min_fit_points)
+        self.fit_alpha = float(fit_alpha)
+        self.knee = KneeDetector(alpha=knee_alpha, tolerance=knee_tolerance, patience=knee_patience)
+        # Observations kept for fitting: all of them until the knee, then only those
+        # since the last eviction decision (older ones are never needed again).
+        self._steps: list[int] = []
+        self._elapsed: list[float] = []
+        self._losses: list[float] = []
+        self._workers: list[int] = []
+        self.knee_step: int | None = None
+        self.reference: ReferenceCurve | None = None
+        self.reference_step_s: float | None = None  # d_P
+        self.reference_workers: int | None = None  # P
+        self.next_decision_s: float | None = None
+        self.last_s_delta: float | None = None
+        self.evictions: list[dict] = []  # one record per eviction decision
+
+    # -- feeding -----------------------------------------------------------------------
+
+    def observe(self, step: int, elapsed_s: float, loss: float, workers: int) -> None:
+        """Record the global training loss of a completed step.
+
+        Non-finite losses are ignored (a diverging run is the stop criteria's business,
+        and one NaN would poison every fit).
+        """
+        loss = float(loss)
+        if not math.isfinite(loss):
+            return
+        if self.knee_step is None and self.knee.update(loss) is not None:
+            # The detector counts the losses fed to it, which are exactly the kept
+            # observations until the knee; the knee may be this very step.
+            knee_index = self.knee.knee
+            self.knee_step = self._steps[knee_index] if knee_index < len(self._steps) else int(step)
+        self._steps.append(int(step))
+        self._elapsed.append(float(elapsed_s))
+        self._losses.append(loss)
+        self._workers.append(int(workers))
+
+    # -- deciding ----------------------------------------------------------------------
+
+    def decide(self, elapsed_s: float, workers: int) -> str | None:
+        """A reason string if one worker should be evicted now, else None."""
+        if workers <= self.min_workers or not self._steps:
+            return None
+        if self.reference is None:
+            return self._decide_at_knee(elapsed_s, workers)
+        if self.next_decision_s is not None and elapsed_s < self.next_decision_s:
+            return None
+        return self._decide_on_interval(elapsed_s, workers)
+
+    def _decide_at_knee(self, elapsed_s: float, workers: int) -> str | None:
+        if self.knee_step is None:
+            return None
+        try:
+            reference = fit_reference(*_thin(*smooth_points(self._steps, self._losses, self.fit_alpha)))
+        except ValueError:
+            return None  # e.g. too few points or a degenerate history; retry next step
+        step_s = _mean_step_duration(self._steps, self._elapsed)
+        self.reference = reference
+        self.reference_step_s = step_s
+        self.reference_workers = int(workers)
+        reason = (
+            f"knee at step {self.knee_step}: reference curve fitted on {len(self._steps)} steps, "
+            f"d_P={step_s:.4g}s, P={workers}"
+        )
+        self._record_eviction(elapsed_s, workers, reason, s_delta=None)
+        return reason
+
+    def _decide_on_interval(self, elapsed_s: float, workers: int) -> str | None:
+        # Losses of the current fleet since the last eviction decision: observations
+        # between the decision and the eviction taking effect still carry the old count.
+        window = [i for i, count in enumerate(self._workers) if count == workers]
+        if len(window) < self.min_fit_points:
+            return None  # keep waiting; the interval clock is not reset
+        steps = [self._steps[i] for i in window]
+        elapsed = [self._elapsed[i] for i in window]
+        try:
+            losses = [self._losses[i] for i in window]
+            local = fit_local(*_thin(*smooth_points(steps, losses, self.fit_alpha)))
+        except ValueError:
+            return None
+        self.next_decision_s = float(elapsed_s) + self.interval_s
+        s_delta = self.s_delta(steps[-1], local, _mean_step_duration(steps, elapsed))
+        self.last_s_delta = s_delta
+        if s_delta is None or not s_delta < self.tolerance:
+            return None
+        reason = f"s_delta={s_delta:.4f} < S={self.tolerance:g} at step {steps[-1]} with {workers} workers"
+        self._record_eviction(elapsed_s, workers, reason, s_delta=s_delta)
+        return reason
+
+    def s_delta(self, step: int, local: LocalCurve, step_s: float) -> float | None:
+        """Projected relative loss penalty of the current fleet (None if undefined)."""
+        if self.reference is None or self.reference_step_s is None:
+            return None
+        ahead_reference = _steps_in(self.horizon_s, self.reference_step_s)
+        ahead_local = _steps_in(self.horizon_s, step_s)
+        expected_full = self.reference(step + ahead_reference)
+        expected_now = local(step + ahead_local)
+        if not (math.isfinite(expected_full) and math.isfinite(expected_now)) or expected_full <= 0:
+            return None
+        return (expected_now - expected_full) / expected_full
+
+    def _record_eviction(self, elapsed_s: float, workers: int, reason: str, s_delta: float | None) -> None:
+        self.evictions.append(
+            {
+                "step": self._steps[-1],
+                "elapsed_s": float(elapsed_s),
+                "workers": int(workers),
+                "s_delta": s_delta,
+                "reason": reason,
+            }
+        )
+        self.next_decision_s = float(elapsed_s) + self.interval_s
+        # Fits after this use only later observations; drop the rest to keep state small.
+        self._steps, self._elapsed, self._losses, self._workers = [], [], [], []
+
+    # -- checkpointing -----------------------------------------------------------------
+
+    def config(self) -> dict:
+        """Constructor arguments of this tuner."""
+        return {
+            "interval_s": self.interval_s,
+            "horizon_s": self.horizon_s,
+            "tolerance": self.tolerance,
+            "knee_alpha": self.knee.alpha,
+            "knee_tolerance": self.knee.tolerance,
+            "knee_patience": self.knee.patience,
+            "min_workers": self.min_workers,
+            "min_fit_points": self.min_fit_points,
+            "fit_alpha": self.fit_alpha,
+        }
+
+    def state_dict(self) -> dict:
+        """JSON-able snapshot (configuration included) for checkpointing across rounds."""
+        return {
+            "config": self.config(),
+            "knee": self.knee.state_dict(),
+            "steps": list(self._steps),
+            "elapsed": list(self._elapsed),
+            "losses": list(self._losses),
+            "workers": list(self._workers),
+            "knee_step": self.knee_step,
+            "reference": None if self.reference is None else self.reference.to_dict(),
+            "reference_step_s": self.reference_step_s,
+            "reference_workers": self.reference_workers,
+            "next_decision_s": self.next_decision_s,
+            "last_s_delta": self.last_s_delta,
+            "evictions": [dict(record) for record in self.evictions],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a snapshot from ``state_dict``; later decisions are identical."""
+        self.__init__(**state["config"])
+        self.knee.load_state_dict(state["knee"])
+        self._steps = [int(v) for v in state["steps"]]
+        self._elapsed = [float(v) for v in state["elapsed"]]
+        self._losses = [float(v) for v in state["losses"]]
+        self._workers = [int(v) for v in state["workers"]]
+        self.knee_step = state["knee_step"]
+        self.reference = None if state["reference"] is None else ReferenceCurve.from_dict(state["reference"])
+        self.reference_step_s = state["reference_step_s"]
+        self.reference_workers = state["reference_workers"]
+        self.next_decision_s = state["next_decision_s"]
+        self.last_s_delta = state["last_s_delta"]
+        self.evictions = [dict(record) for record in state["evictions"]]
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> "ScaleInTuner":
+        """A new tuner restored from ``state_dict``."""
+        tuner = cls(**state["config"])
+        tuner.load_state_dict(state)
+        return tuner
+
+
+def _mean_step_duration(steps: list[int], elapsed: list[float]) -> float:
+    """Mean seconds per step over the observations (robust to unobserved steps)."""
+    if len(steps) < 2 or steps[-1] == steps[0]:
+        return 0.0
+    return max(0.0, (elapsed[-1] - elapsed[0]) / (steps[-1] - steps[0]))
+
+
+def _thin(steps: np.ndarray, losses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """At most ``MAX_FIT_POINTS`` evenly spaced points, always keeping the newest."""
+    if steps.size <= MAX_FIT_POINTS:
+        return steps, losses
+    keep = np.unique(np.linspace(0, steps.size - 1, MAX_FIT_POINTS).round().astype(int))
+    return steps[keep], losses[keep]
+
+
+def _steps_in(horizon_s: float, step_s: float) -> int:
+    """⌊Δ/d⌋: steps completed within the horizon (0 when the duration is unknown)."""
+    if step_s <= 0.0:
+        return 0
+    return int(math.floor(horizon_s / step_s))
