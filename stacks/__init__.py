@@ -1,0 +1,1 @@
+"""CDK stacks for Ebb: one construct per concern, composed by stacks that hold no logic."""
