@@ -48,7 +48,7 @@ class _Logistic(Model):
         loss_sum = float(F.binary_cross_entropy_with_logits(logits, label, reduction="sum"))
         n = int(label.numel())
         g = (torch.sigmoid(logits) - label).div_(n)
-        w = self.params["weight"][weight_rows]
+        w = self.params["weight"].index_select(0, weight_rows)
         g_weight = feature_grad_fn(g).add_(w, alpha=self.l2)
         grads = {"weight": (weight_rows, g_weight), "bias": (_BIAS_ROW, g.sum().reshape(1, 1))}
         return loss_sum, n, grads
@@ -68,8 +68,8 @@ class SparseLR(_Logistic):
                            torch.from_numpy(arrays["label"].astype(np.float32)))
 
     def _logits(self, b: SparseBatch):
-        w = self.params["weight"][b.features, 0]
-        contrib = w[b.feature_of] * b.values
+        w = self.params["weight"].index_select(0, b.features)[:, 0]
+        contrib = w.index_select(0, b.feature_of) * b.values
         return torch.zeros(b.label.numel()).index_add_(0, b.sample_of, contrib).add_(self.params["bias"][0, 0])
 
     def gradients(self, b: SparseBatch):

@@ -26,8 +26,8 @@ class SparseSGD:
     def delta(self, name: str, rows: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         if self.momentum:
             buf = self.buffers[name]
-            rows_buf = buf[rows].mul_(self.momentum).add_(grad)
-            buf[rows] = rows_buf
+            rows_buf = buf.index_select(0, rows).mul_(self.momentum).add_(grad)
+            buf.index_copy_(0, rows, rows_buf)
             grad = grad.add(rows_buf, alpha=self.momentum) if self.nesterov else rows_buf
         return grad.mul(-self.lr)
 
@@ -55,10 +55,10 @@ class SparseAdam:
         self.steps += 1
 
     def delta(self, name: str, rows: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-        m_rows = self.m[name][rows].mul_(self.beta1).add_(grad, alpha=1 - self.beta1)
-        v_rows = self.v[name][rows].mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
-        self.m[name][rows] = m_rows
-        self.v[name][rows] = v_rows
+        m_rows = self.m[name].index_select(0, rows).mul_(self.beta1).add_(grad, alpha=1 - self.beta1)
+        v_rows = self.v[name].index_select(0, rows).mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
+        self.m[name].index_copy_(0, rows, m_rows)
+        self.v[name].index_copy_(0, rows, v_rows)
         bias1 = 1 - self.beta1**self.steps
         bias2 = 1 - self.beta2**self.steps
         step_size = self.lr * (bias2**0.5) / bias1

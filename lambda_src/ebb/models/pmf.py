@@ -56,12 +56,14 @@ class PMF(Model):
 
     def _rows(self, b: RatingsBatch):
         p = self.params
-        return p["user"][b.users], p["item"][b.items], p["user_bias"][b.users], p["item_bias"][b.items]
+        return (p["user"].index_select(0, b.users), p["item"].index_select(0, b.items),
+                p["user_bias"].index_select(0, b.users), p["item_bias"].index_select(0, b.items))
 
     def gradients(self, b: RatingsBatch):
         U, V, bu, bi = self._rows(b)
-        Uk, Vk = U[b.user_of], V[b.item_of]
-        err = (Uk * Vk).sum(1).add_(bu[b.user_of, 0]).add_(bi[b.item_of, 0]).add_(self.mu).sub_(b.rating)
+        Uk, Vk = U.index_select(0, b.user_of), V.index_select(0, b.item_of)
+        err = ((Uk * Vk).sum(1).add_(bu.index_select(0, b.user_of)[:, 0]).add_(bi.index_select(0, b.item_of)[:, 0])
+               .add_(self.mu).sub_(b.rating))
         loss_sum = float(err.square().sum())
         e = err.unsqueeze(1)
         lam = self.l2
