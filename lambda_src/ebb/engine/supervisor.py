@@ -17,6 +17,7 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
+from ebb.cost.model import perf_per_dollar
 from ebb.data.format import decode_batch
 from ebb.engine.striping import PartSequence
 from ebb.engine.worker import BLOB_WAIT_S, EngineError, PartCache, WorkerStart, final_blob, load_manifest, replica_blob
@@ -117,13 +118,17 @@ class Supervisor:
         self.stop_reason: str | None = None
         self.finals: set[int] = set()
         self.t0 = time.monotonic()
+        self.finished_at: float | None = None  # the clock stops here: wall time, cost, Perf/$ agree
 
     # -- accounting ----------------------------------------------------------------
+    def now(self) -> float:
+        return self.finished_at if self.finished_at is not None else time.monotonic()
+
     def elapsed(self) -> float:
-        return time.monotonic() - self.t0
+        return self.now() - self.t0
 
     def worker_seconds(self) -> float:
-        now = time.monotonic()
+        now = self.now()
         return sum(self.ended_at.get(w, now) - t for w, t in self.started_at.items())
 
     def loss_value(self, loss_sum: float, samples: int) -> float:
@@ -299,14 +304,15 @@ class Supervisor:
         return model.evaluate(cache.get(i) for i in range(len(self.manifest.test.parts)))
 
     def _finish(self) -> dict:
-        wall = self.elapsed()
-        self.totals.worker_seconds = self.worker_seconds()
         replica = self.merged_replica()
         test_metrics = self.evaluate(replica)
+        self.finished_at = time.monotonic()
+        wall = self.elapsed()
+        self.totals.worker_seconds = self.worker_seconds()
         sync = sorted(self.sync_samples)
         report = {
             "status": self.stop_reason,
-            "wall_seconds": round(wall, 3),
+            "wall_seconds": wall,
             "steps": self.clock + 1,
             "epochs": round(self.cursor / self.num_parts, 4),
             "final_loss": self.history[-1]["loss"] if self.history else None,
@@ -322,7 +328,7 @@ class Supervisor:
         cost = self.cost()
         if cost is not None:
             report["cost"] = cost
-            report["perf_per_dollar"] = 1.0 / (wall * cost["total_usd"]) if cost["total_usd"] > 0 else None
+            report["perf_per_dollar"] = perf_per_dollar(wall, cost["total_usd"]) if cost["total_usd"] > 0 else None
         self.replica = replica
         self.sink.close(report)
         return report
