@@ -1,0 +1,111 @@
+"""The job spec's errors name file, line and field; the CLI keeps its contract."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ebb.cli import main
+from ebb.spec import MODEL_DEFAULTS, SpecError, load_spec
+
+
+def _job(tmp_path, text):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_unknown_key_names_file_line_and_field(tmp_path):
+    path = _job(tmp_path, "model: pmf\ndata: d\nstop:\n  max_epochs: 3\n  max_epoch: 4\n")
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    assert str(err.value) == f"{path}:5: stop.max_epoch: unknown field"
+
+
+def test_out_of_range_value_names_file_line_and_field(tmp_path):
+    path = _job(tmp_path, "model: pmf\ndata: d\nworkers: 0\n")
+    with pytest.raises(SpecError, match=rf"^{path}:3: workers: Input should be greater than or equal to 1$"):
+        load_spec(path)
+
+
+def test_bad_yaml_and_bad_override_are_one_line_errors(tmp_path):
+    with pytest.raises(SpecError, match=r"job.yaml:2: not valid YAML"):
+        load_spec(_job(tmp_path, "model: pmf\n  data: [\n"))
+    with pytest.raises(SpecError, match=r"^command line: sync.significance: Input should be greater"):
+        load_spec(overrides={"data": "d", "sync.significance": -1})
+    with pytest.raises(SpecError, match=r"horizon_s .* must be ≤ interval_s"):
+        load_spec(overrides={"data": "d", "scaling.horizon_s": 30})
+
+
+def test_flags_override_the_file_and_defaults_follow_the_model(tmp_path):
+    path = _job(tmp_path, "model: sparse_lr\ndata: d\nworkers: 2\nhyper:\n  lr: 0.5\n")
+    spec = load_spec(path, {"workers": 6, "hyper.l2": None})
+    assert spec.workers == 6 and spec.hyper.lr == 0.5 and spec.hyper.l2 == MODEL_DEFAULTS["sparse_lr"]["l2"]
+    assert load_spec(overrides={"data": "d", "model": "pmf"}).hyper.rank == MODEL_DEFAULTS["pmf"]["rank"]
+
+
+def test_ssp_with_a_scaling_policy_is_refused():
+    with pytest.raises(SpecError, match="scaling.policy must be 'none' with sync.mode 'ssp'"):
+        load_spec(overrides={"data": "d", "workers": 4, "sync.mode": "ssp", "scaling.policy": "autotune"})
+
+
+def test_cli_synth_prepare_train_end_to_end(tmp_path, capsys):
+    ratings = tmp_path / "r.dat"
+    assert main(["synth", "ratings", "--out", str(ratings), "--users", "200", "--items", "150", "--ratings", "15000",
+                 "--rank", "4", "--seed", "1"]) == 0
+    assert ratings.read_text().splitlines()[0].count("::") == 3
+    assert main(["prepare", "--format", "movielens", "--input", str(ratings), "--out", str(tmp_path / "prep"),
+                 "--batch-size", "1000"]) == 0
+    out = tmp_path / "run"
+    assert main(["train", "--model", "pmf", "--data", str(tmp_path / "prep"), "--max-epochs", "3", "--out", str(out),
+                 "--rank", "4", "--policy", "none"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "max_epochs" and report["epochs"] >= 3
+    for key in ("wall_seconds", "steps", "final_loss", "history", "totals", "cost", "perf_per_dollar", "spec"):
+        assert key in report
+    assert set(report["test_metrics"]) == {"rmse"}
+    assert (out / "loss.png").stat().st_size > 1000 and (out / "model.npz").exists()
+    assert "test rmse" in capsys.readouterr().out
+
+
+def test_cli_train_logistic_reports_classification_metrics(small_logistic, tmp_path):
+    data_dir, _ = small_logistic
+    out = tmp_path / "run"
+    assert main(["train", "--model", "sparse_lr", "--data", data_dir, "--max-epochs", "2", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["test_metrics"]) == {"logloss", "accuracy", "auc"}
+
+
+def test_cli_errors_exit_nonzero_with_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ebb.cli", "train", "--model", "pmf", "--data", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"ebb train: data: {tmp_path} has no manifest.json; prepare it first with `ebb prepare`"
+    r = subprocess.run([sys.executable, "-m", "ebb.cli", "train", "--model", "pmf"], capture_output=True, text=True)
+    assert r.returncode == 2 and "data: Field required" in r.stderr
+    bad = tmp_path / "bad.csv"
+    bad.write_text("userId,movieId,rating,timestamp\n1,2,3.5,10\n1,x,4,11\n")
+    r = subprocess.run([sys.executable, "-m", "ebb.cli", "prepare", "--format", "movielens", "--input", str(bad),
+                        "--out", str(tmp_path / "p")], capture_output=True, text=True)
+    assert r.returncode == 2 and f"{bad}:3:" in r.stderr
+
+
+def test_a_failed_job_writes_a_failed_report_and_exits_1(small_ratings, tmp_path):
+    data_dir, _ = small_ratings
+    out = tmp_path / "run"
+    # A learning rate this large diverges: the job must fail loudly, not report nonsense.
+    code = main(["train", "--model", "pmf", "--data", data_dir, "--lr", "90", "--max-epochs", "5", "--out", str(out)])
+    report = json.loads((out / "report.json").read_text())
+    assert code == 1 and report["status"] == "failed" and "diverged" in report["error"]
+
+
+def test_help_teaches():
+    r = subprocess.run([sys.executable, "-m", "ebb.cli", "train", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0
+    for flag in ("--model", "--data", "--rank", "--lr", "--workers", "--target-loss", "--max-seconds", "--max-epochs",
+                 "--seed", "--out", "--sync", "--significance", "--slack", "--redis", "--policy", "--min-workers",
+                 "--budget-usd", "--memory-mb", "examples:"):
+        assert flag in r.stdout
