@@ -191,3 +191,17 @@ def test_a_crashing_worker_fails_the_job_and_leaves_nothing_running(small_rating
     leftover = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()
                 and p.status() != psutil.STATUS_ZOMBIE]
     assert leftover == []
+
+
+def test_target_test_stops_when_the_test_metric_is_reached(small_ratings, redis_url, tmp_path):
+    data_dir, _ = small_ratings
+    spec = _spec(data_dir, tmp_path, workers=2, redis_urls=[redis_url],
+                 **{"stop.max_epochs": 40, "stop.target_test": 0.9, "stop.eval_every": 5})
+    report, _ = run_local(spec)
+    hit = report["time_to_target_test"]
+    assert report["status"] == "converged" and hit["rmse"] <= 0.9
+    scored = [h for h in report["history"] if "test" in h]
+    assert [h["step"] % 5 for h in scored] == [4] * len(scored)
+    assert all(h["test"] > 0.9 for h in scored[:-1]) and scored[-1]["test"] == hit["rmse"]
+    assert hit["seconds_excluding_eval"] <= hit["time"]
+    assert report["steps"] <= hit["step"] + 3  # stopped right after it was reported

@@ -46,6 +46,8 @@ def _add_train(sub) -> None:
     p.add_argument("--budget-usd", type=float, help="stop before the estimated AWS cost exceeds this")
     p.add_argument("--memory-mb", type=int, help="Lambda memory per worker, for the cost model (default 1769)")
     p.add_argument("--target-loss", type=float, help="stop once the training loss stays at or below this")
+    p.add_argument("--target-test", type=float, help="stop once the test RMSE / log-loss is at or below this")
+    p.add_argument("--eval-every", type=int, metavar="N", help="score the test split every N steps (default 50 with --target-test)")
     p.add_argument("--max-seconds", type=float, help="stop after this wall time (default 3600)")
     p.add_argument("--max-epochs", type=float, help="stop after this many passes over the data (default 10)")
     p.add_argument("--seed", type=int, help="seed for the initial model and the minibatch order")
@@ -57,7 +59,7 @@ TRAIN_OVERRIDES = {
     "name": "name", "model": "model", "data": "data", "rank": "hyper.rank", "lr": "hyper.lr",
     "workers": "workers", "sync": "sync.mode", "significance": "sync.significance", "slack": "sync.slack",
     "redis": "redis_urls", "policy": "scaling.policy", "min_workers": "scaling.min_workers",
-    "budget_usd": "stop.budget_usd", "memory_mb": "aws.memory_mb", "target_loss": "stop.target_loss",
+    "budget_usd": "stop.budget_usd", "memory_mb": "aws.memory_mb", "target_loss": "stop.target_loss", "target_test": "stop.target_test", "eval_every": "stop.eval_every",
     "max_seconds": "stop.max_seconds", "max_epochs": "stop.max_epochs", "seed": "seed", "out": "out",
 }
 

@@ -49,6 +49,8 @@ class SyncSpec(_Strict):
 class StopSpec(_Strict):
     target_loss: float | None = Field(None, gt=0, description="stop when the training loss is at or below this")
     patience: int = Field(10, ge=1, description="consecutive steps at or below target_loss")
+    target_test: float | None = Field(None, gt=0, description="stop when the test metric (RMSE / log-loss) is at or below this")
+    eval_every: int = Field(0, ge=0, description="evaluate the test split every N steps (0: only at the end; 50 with target_test)")
     max_epochs: float = Field(10, gt=0)
     max_seconds: float = Field(3600, gt=0)
     budget_usd: float | None = Field(None, gt=0, description="stop before the estimated cost exceeds this")
@@ -111,6 +113,8 @@ class JobSpec(_Strict):
                 setattr(self.hyper, key, value)
         if self.scaling.min_workers > self.workers:
             self.scaling.min_workers = self.workers
+        if self.stop.target_test is not None and self.stop.eval_every == 0:
+            self.stop.eval_every = 50
         if self.sync.mode == "ssp" and self.scaling.policy != "none" and self.workers > 1:
             raise ValueError("scaling.policy must be 'none' with sync.mode 'ssp' (workers change only at a barrier)")
         return self

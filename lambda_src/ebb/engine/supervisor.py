@@ -117,6 +117,9 @@ class Supervisor:
         self.totals = Totals()
         self.stop_reason: str | None = None
         self.finals: set[int] = set()
+        self.eval_seconds = 0.0  # spent scoring the test split during training
+        self.test_hit: dict | None = None  # first evaluation at or below stop.target_test
+        self.test_reached = False
         self.t0 = time.monotonic()
         self.finished_at: float | None = None  # the clock stops here: wall time, cost, Perf/$ agree
 
@@ -167,12 +170,29 @@ class Supervisor:
             self.totals.timing[k] = self.totals.timing.get(k, 0.0) + v
         if kind == "step":
             self.steps.setdefault(r["t"], {})[w] = r
+            if r.get("test"):
+                self._take_test(r["test"])
             if r.get("sync_s") is not None:
                 self.sync_samples.append(r["sync_s"])
         elif kind in ("left", "final"):
             self.ended_at[w] = time.monotonic()
             if kind == "final":
                 self.finals.add(w)
+
+    def _take_test(self, test: dict) -> None:
+        self.eval_seconds += test["seconds"]
+        step = test["step"]
+        main = "rmse" if self.loss_name == "rmse" else "logloss"
+        value = test["metrics"][main]
+        if step < len(self.history):
+            self.history[step]["test"] = value
+            self.history[step]["eval_seconds_total"] = round(self.eval_seconds, 4)
+        target = self.spec.stop.target_test
+        if target is not None and value <= target and self.test_hit is None:
+            at = self.history[step]["time"] if step < len(self.history) else self.elapsed()
+            self.test_hit = {"step": step, "time": at, "seconds_excluding_eval": at - (self.eval_seconds - test["seconds"]),
+                             main: value}
+            self.test_reached = True
 
     def _step_complete(self, k: int) -> bool:
         got = self.steps.get(k, {})
@@ -228,6 +248,8 @@ class Supervisor:
         stop = self.spec.stop
         if not math.isfinite(loss):
             raise EngineError(f"the training loss diverged at step {k} ({loss}); lower the learning rate")
+        if self.test_reached:
+            return "converged"
         if stop.target_loss is not None:
             self.at_target = self.at_target + 1 if loss <= stop.target_loss else 0
             if self.at_target >= stop.patience:
@@ -324,6 +346,8 @@ class Supervisor:
             "sync_overhead_ms": {"median": 1000 * sync[len(sync) // 2], "p90": 1000 * sync[int(len(sync) * 0.9)],
                                  "samples": len(sync)} if sync else None,
             "scale_events": self.scale_events,
+            "eval_seconds": round(self.eval_seconds, 4),
+            "time_to_target_test": self.test_hit,
         }
         cost = self.cost()
         if cost is not None:

@@ -132,6 +132,8 @@ class Worker:
         self.sync_overhead_s: float | None = None
         self._announce_s = 0.0
         self._next_members: list[int] | None = None
+        self._test_result: dict | None = None
+        self._test_parts: PartCache | None = None
         if start.donor_blob:
             self._adopt_replica(start.donor_blob)
 
@@ -196,9 +198,10 @@ class Worker:
             "sent_bytes": len(payload), "sent_nnz": sent.nnz(), "local_nnz": update.nnz(),
             "read_bytes": self.bytes_read, "applied": self.applied_upto, "position": position,
             "timing": self.timer.take(), "sync_s": self.sync_overhead_s, "sent_at": before,
-            "object_gets": self.parts.gets,
+            "object_gets": self.parts.gets, "test": self._test_result,
         })
         self.parts.gets = 0
+        self._test_result = None
         self._announce_s = time.monotonic() - before
         self.bytes_read, self.sync_overhead_s = 0, None
 
@@ -230,6 +233,7 @@ class Worker:
                     self.model.apply(RowUpdate.decode(payloads[q]))
             self.timer.lap("apply")
             self.applied_upto = k
+            self._maybe_evaluate(k)
             outcome = self._act_on(self.events.pop(k, {}), k)
             if outcome:
                 return outcome
@@ -239,6 +243,17 @@ class Worker:
         if self._next_members is not None:
             self.members, self._next_members = self._next_members, None
         return None
+
+    def _maybe_evaluate(self, k: int) -> None:
+        """Every ``eval_every`` steps the lowest-id worker scores its replica on the test split."""
+        every = self.spec.stop.eval_every
+        if not every or (k + 1) % every or self.me != self.members[0] or not self.manifest.test.parts:
+            return
+        started = time.perf_counter()
+        if self._test_parts is None:
+            self._test_parts = PartCache(self.objects, self.manifest, self.model, split="test")
+        metrics = self.model.evaluate(self._test_parts.get(i) for i in range(len(self.manifest.test.parts)))
+        self._test_result = {"step": k, "metrics": metrics, "seconds": time.perf_counter() - started}
 
     def _act_on(self, directive: dict, k: int) -> str | None:
         """Membership changes and stop, taken at the barrier after step k is applied."""
