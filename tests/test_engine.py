@@ -67,11 +67,13 @@ def test_filter_accumulators_lose_nothing():
     assert filt.pending_nnz() == 0
 
 
-def test_filter_threshold_decays_and_zero_sends_every_nonzero_row():
+def test_filter_threshold_decays_and_zero_sends_every_touched_row():
     params = {"w": torch.ones(4, 2)}
     filt = SignificanceFilter(params, threshold=0.0)
     upd = RowUpdate({"w": (torch.tensor([0, 2, 3]), torch.tensor([[1e-9, 0], [0.0, 0.0], [-1e-7, 1e-7]]))})
-    assert filt(upd, params, step=5).rows["w"][0].tolist() == [0, 3]
+    assert filt(upd, params, step=5).rows["w"][0].tolist() == [0, 2, 3]
+    strict = SignificanceFilter(params, threshold=1e-8)
+    assert strict(upd, params, step=0).rows["w"][0].tolist() == [3]
     assert SignificanceFilter(params, 0.7).threshold_at(3) == pytest.approx(0.35)
 
 
@@ -205,3 +207,15 @@ def test_target_test_stops_when_the_test_metric_is_reached(small_ratings, redis_
     assert all(h["test"] > 0.9 for h in scored[:-1]) and scored[-1]["test"] == hit["rmse"]
     assert hit["seconds_excluding_eval"] <= hit["time"]
     assert report["steps"] <= hit["step"] + 3  # stopped right after it was reported
+
+
+def test_row_mean_averages_each_row_over_its_contributors():
+    from ebb.engine.aggregate import row_mean
+
+    a = RowUpdate({"w": (torch.tensor([0, 1]), torch.tensor([[2.0], [4.0]]))})
+    b = RowUpdate({"w": (torch.tensor([1, 5]), torch.tensor([[6.0], [1.0]])), "b": (torch.tensor([0]), torch.tensor([[3.0]]))})
+    m = row_mean([a, b])
+    rows, vals = m.rows["w"]
+    assert dict(zip(rows.tolist(), vals[:, 0].tolist())) == {0: 2.0, 1: 5.0, 5: 1.0}
+    assert m.rows["b"][1].item() == 3.0
+    assert row_mean([a]).rows["w"][1] is a.rows["w"][1]  # one contributor: untouched

@@ -7,7 +7,7 @@ keep accumulating. For a weight vector (rows of width 1) this is exactly the sca
 per-parameter test of the paper; for an embedding row it is its L2 generalisation, so a
 row travels whole and the wire stays row-sparse. Only the rows the minibatch touched
 can change, so only they are scanned. With ``v = 0`` every non-zero row is sent, which
-reproduces BSP bit for bit.
+reproduces BSP bit for bit. (NaN, from 0/0, is never significant; x/0 always is.)
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ class SignificanceFilter:
             acc = self.pending[name]
             acc_rows = acc[rows].add_(vals)
             ratio = acc_rows.norm(dim=1) / params[name][rows].norm(dim=1)
-            significant = ratio > v_t  # NaN (0/0) is never significant; x/0 always is
+            # v = 0 sends every touched row, exactly as BSP does (even an all-zero one).
+            significant = ratio > v_t if v_t > 0 else torch.ones_like(ratio, dtype=torch.bool)
             acc[rows] = acc_rows.masked_fill(significant.unsqueeze(1), 0.0)
             sent[name] = (rows[significant], acc_rows[significant])
         return RowUpdate(sent)

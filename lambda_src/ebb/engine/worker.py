@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ebb.data.format import MANIFEST_KEY, Manifest, checksum, decode_batch, encode_batch, part_key
+from ebb.engine.aggregate import row_mean
 from ebb.engine.isp import SignificanceFilter
 from ebb.engine.striping import PartSequence, position_of
 from ebb.models import Model, build_model
@@ -188,9 +189,8 @@ class Worker:
             self.updates.publish(t, self.me, payload)
         self.timer.lap("write")
         if self.mode == "ssp":
-            self.model.apply(update)
-        else:
-            self.own[t] = update
+            self.model.apply(update)  # read your own writes; corrected to the step's mean when it clears
+        self.own[t] = update
         self.timer.lap("apply")
         before = time.monotonic()
         self.signals.report({
@@ -224,13 +224,13 @@ class Worker:
             payloads = self.updates.fetch(k, others) if others else {}
             self.bytes_read += sum(len(p) for p in payloads.values())
             self.timer.lap("read")
-            for q in members:
-                if q == self.me:
-                    own = self.own.pop(k, None)
-                    if own is not None:
-                        self.model.apply(own)
-                elif q in payloads:
-                    self.model.apply(RowUpdate.decode(payloads[q]))
+            own = self.own.pop(k, None)
+            # Worker-id order, own update in its slot: every replica adds the same numbers.
+            contributions = [own if q == self.me else RowUpdate.decode(payloads[q])
+                             for q in members if (q == self.me and own is not None) or q in payloads]
+            self.model.apply(row_mean(contributions))
+            if self.mode == "ssp" and own is not None:
+                self.model.apply(own, scale=-1.0)  # it was applied at once; the mean replaces it
             self.timer.lap("apply")
             self.applied_upto = k
             self._maybe_evaluate(k)

@@ -1,0 +1,152 @@
+"""Scale-in auto-tuner on vs off (MLLess §6.2.2): 8 workers, ISP in both.
+
+PMF on planted ratings and sparse LR on planted logistic data (cached under
+bench/data/). Each run trains until the test metric (scored every --eval-every steps,
+scoring time excluded) reaches the target, then reports time to target, the estimated
+AWS cost of the run (bench's Lambda/Redis configuration from the job spec), Perf/$ =
+1/(time × cost) and the final test metric; the PNG shows loss and active workers over
+time for both runs, like MLLess Fig. 2.
+
+    python bench/autotuner.py            # both models (≈5–10 min on 2 cores)
+    python bench/autotuner.py --models pmf
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, print_table, write_json  # noqa: E402
+
+from ebb.cost.meter import meter_for  # noqa: E402
+from ebb.data.prepare import prepare_dataset  # noqa: E402
+from ebb.data.synth import synth_logistic  # noqa: E402
+from ebb.local.runner import run_local  # noqa: E402
+from ebb.spec import load_spec  # noqa: E402
+from ebb.stores.local import FolderObjectStore  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def logistic_dataset(seed: int = 0) -> tuple[str, dict]:
+    import json
+
+    root = DATA / f"logistic-s{seed}"
+    raw, prepared = root / "data.svm", root / "prepared"
+    if not (prepared / "manifest.json").exists():
+        root.mkdir(parents=True, exist_ok=True)
+        synth_logistic(raw, rows=1_000_000, features=100_000, nnz=30, seed=seed)
+        prepare_dataset("libsvm", raw, FolderObjectStore(prepared), batch_size=6250, test_fraction=0.1, seed=seed)
+    return str(prepared), json.loads(Path(f"{raw}.meta.json").read_text())
+
+
+def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict) -> dict:
+    spec = load_spec(overrides={
+        "name": f"bench-autotune-{model}-{policy}", "model": model, "data": data_dir, "workers": args.workers,
+        "seed": args.seed, "sync.mode": "isp", "sync.significance": args.significance, "scaling.policy": policy,
+        "scaling.interval_s": args.interval, "scaling.horizon_s": args.horizon, "scaling.min_workers": args.min_workers,
+        "stop.target_test": target, "stop.eval_every": args.eval_every, "stop.max_seconds": args.max_seconds,
+        "stop.max_epochs": args.max_epochs, "out": str(DATA / "runs" / f"autotune-{model}-{policy}"),
+        **{f"hyper.{k}": v for k, v in hyper.items()}})
+    print(f"-- {model}, tuner {'on' if policy == 'autotune' else 'off'}", flush=True)
+    report, _ = run_local(spec, cost_meter=meter_for(spec))
+    hit = report["time_to_target_test"]
+    metric = "rmse" if model == "pmf" else "logloss"
+    cost = report["cost"]["total_usd"]
+    time_to_target = hit["seconds_excluding_eval"] if hit else None
+    return {
+        "model": model, "tuner": policy == "autotune", "status": report["status"],
+        "time_to_target_s": time_to_target, "cost_usd": cost,
+        "perf_per_dollar": 1 / (time_to_target * cost) if time_to_target else None,
+        "final_test": report["test_metrics"][metric], "metric": metric,
+        "workers_final": report["workers"]["final"], "evictions": len(report["scale_events"]),
+        "worker_seconds": report["totals"]["worker_seconds"], "scale_events": report["scale_events"],
+        "timeline": [(h["time"], h["workers"], h["loss"]) for h in report["history"]],
+    }
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({r["model"] for r in rows})
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        ax2 = ax.twinx()
+        for r in (r for r in rows if r["model"] == model):
+            t, w, loss = zip(*r["timeline"])
+            style = "-" if r["tuner"] else "--"
+            label = "tuner on" if r["tuner"] else "tuner off"
+            ax.plot(t, loss, style, color="tab:blue", lw=1, label=f"loss, {label}")
+            ax2.step(t, w, style, where="post", color="tab:orange", lw=1.5, label=f"workers, {label}")
+        ax.set_title(f"{model}: training loss and active workers (ISP)")
+        ax.set_xlabel("seconds")
+        ax.set_ylabel(rows[0]["metric"] if model == "pmf" else "log-loss", color="tab:blue")
+        ax2.set_ylabel("active workers", color="tab:orange")
+        ax2.set_ylim(0, max(max(w for _, w, _ in r["timeline"]) for r in rows) + 1)
+        lines = ax.get_legend_handles_labels()
+        lines2 = ax2.get_legend_handles_labels()
+        ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="pmf,sparse_lr")
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--min-workers", type=int, default=2)
+    ap.add_argument("--significance", type=float, default=0.7)
+    ap.add_argument("--interval", type=float, default=4.0, help="T, seconds (MLLess: 20 on jobs of minutes)")
+    ap.add_argument("--horizon", type=float, default=2.0, help="Δ ≤ T, seconds")
+    ap.add_argument("--pmf-target", type=float, default=0.56, help="target test RMSE (noise floor 0.5)")
+    ap.add_argument("--lr-target", type=float, default=None, help="target test log-loss (default: 1.03 × Bayes)")
+    ap.add_argument("--eval-every", type=int, default=20)
+    ap.add_argument("--max-seconds", type=float, default=600)
+    ap.add_argument("--max-epochs", type=float, default=40)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="output JSON (default bench/results/autotuner.json)")
+    args = ap.parse_args(argv)
+
+    from sync import dataset as ratings_dataset
+
+    rows = []
+    for model in args.models.split(","):
+        if model == "pmf":
+            data_dir, meta = ratings_dataset("quick", args.seed)
+            target, hyper = args.pmf_target, {"rank": 20}
+        else:
+            data_dir, meta = logistic_dataset(args.seed)
+            target, hyper = args.lr_target or 1.03 * meta["bayes_logloss"], {}
+        for policy in ("none", "autotune"):
+            rows.append({**run(model, data_dir, policy, args, target, hyper), "target": target})
+
+    print()
+    print_table(rows, [("model", "model"), ("tuner", "tuner"), ("status", "status"),
+                       ("time_to_target_s", "s to target"), ("cost_usd", "cost $"),
+                       ("perf_per_dollar", "Perf/$"), ("final_test", "test metric"),
+                       ("workers_final", "workers at end"), ("evictions", "evictions")])
+    verdict = {}
+    for model in args.models.split(","):
+        off, on = (next(r for r in rows if r["model"] == model and r["tuner"] is t) for t in (False, True))
+        if off["perf_per_dollar"] and on["perf_per_dollar"]:
+            v = {"perf_per_dollar_gain": on["perf_per_dollar"] / off["perf_per_dollar"],
+                 "time_ratio": on["time_to_target_s"] / off["time_to_target_s"],
+                 "metric_rel_diff": abs(on["final_test"] - off["final_test"]) / off["final_test"]}
+            verdict[model] = v
+            print(f"{model}: Perf/$ {v['perf_per_dollar_gain']:.2f}× with the tuner (target ≥ 1.4), time to target "
+                  f"{v['time_ratio']:.2f}× (target ≤ 1.10), test metric differs by {100 * v['metric_rel_diff']:.2f}% "
+                  f"(target ≤ 1%)")
+    png = RESULTS / "autotuner.png"
+    plot(rows, png)
+    write_json("autotuner", {"rows": rows, "verdict": verdict, "png": str(png.name)}, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""BSP vs SSP vs ISP on PMF at MovieLens-10M shape (MLLess Table 1), locally.
+
+Generates planted ratings (≈70k users × 10k items, 10M ratings, rank 10, σ 0.5; cached
+under bench/data/), prepares them into 6,250-rating minibatches, then trains rank-20
+PMF with 4 and 8 workers under each sync model until the test RMSE (scored by worker 0
+every --eval-every steps; scoring time excluded) reaches the target. Reports time to
+target, bytes exchanged, steps, final test RMSE and the per-step synchronisation
+overhead (announce + barrier, excluding payload).
+
+    python bench/sync.py                 # full shape (≈15–25 min on 2 cores)
+    python bench/sync.py --quick         # 1M ratings (≈3–5 min)
+    python bench/sync.py --with-ddp      # also the DistributedDataParallel baseline
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import print_table, write_json  # noqa: E402
+
+from ebb.data.prepare import prepare_dataset  # noqa: E402
+from ebb.data.synth import synth_ratings  # noqa: E402
+from ebb.local.runner import run_local  # noqa: E402
+from ebb.spec import load_spec  # noqa: E402
+from ebb.stores.local import FolderObjectStore  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data"
+SHAPES = {
+    "ml10m": {"users": 70_000, "items": 10_000, "ratings": 10_000_000},
+    "quick": {"users": 20_000, "items": 5_000, "ratings": 1_000_000},
+}
+
+
+def dataset(shape: str, seed: int = 0) -> tuple[str, dict]:
+    """Generate and prepare (once) the ratings of a shape; returns (prepared dir, meta)."""
+    import json
+
+    dims = SHAPES[shape]
+    root = DATA / f"ratings-{shape}-s{seed}"
+    prepared = root / "prepared"
+    raw = root / "ratings.csv"
+    if not (prepared / "manifest.json").exists():
+        root.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        synth_ratings(raw, rank=10, noise=0.5, seed=seed, **dims)
+        print(f"generated {dims['ratings']:,} ratings in {time.perf_counter() - t0:.0f} s", flush=True)
+        t0 = time.perf_counter()
+        prepare_dataset("movielens", raw, FolderObjectStore(prepared), batch_size=6250, test_fraction=0.1, seed=seed)
+        print(f"prepared in {time.perf_counter() - t0:.0f} s", flush=True)
+    return str(prepared), json.loads(Path(f"{raw}.meta.json").read_text())
+
+
+CONFIGS = {
+    "bsp": {"sync.mode": "bsp"},
+    "ssp(s=3)": {"sync.mode": "ssp", "sync.slack": 3},
+}
+
+
+def run_config(data_dir, workers, name, fields, args) -> dict:
+    overrides = {"name": f"bench-sync-{name}-{workers}".replace("(", "").replace(")", "").replace("=", ""),
+                 "model": "pmf", "data": data_dir, "workers": workers, "hyper.rank": 20, "seed": args.seed,
+                 "scaling.policy": "none", "stop.target_test": args.target, "stop.eval_every": args.eval_every,
+                 "stop.max_seconds": args.max_seconds, "stop.max_epochs": args.max_epochs,
+                 "out": str(DATA / "runs" / f"sync-{name}-{workers}"), **fields}
+    spec = load_spec(overrides=overrides)
+    print(f"-- {name} × {workers} workers", flush=True)
+    report, _ = run_local(spec)
+    hit = report["time_to_target_test"]
+    totals = report["totals"]
+    return {
+        "config": name, "workers": workers, "status": report["status"],
+        "time_to_target_s": hit["seconds_excluding_eval"] if hit else None,
+        "steps_to_target": hit["step"] + 1 if hit else None,
+        "steps": report["steps"], "epochs": report["epochs"],
+        "mb_exchanged": (totals["bytes_sent"] + totals["bytes_received"]) / 1e6,
+        "mb_sent": totals["bytes_sent"] / 1e6, "sent_fraction": totals["sent_fraction"],
+        "final_test_rmse": report["test_metrics"]["rmse"],
+        "sync_ms_median": (report["sync_overhead_ms"] or {}).get("median"),
+        "sync_ms_p90": (report["sync_overhead_ms"] or {}).get("p90"),
+        "wall_s": report["wall_seconds"], "eval_s": report["eval_seconds"],
+    }
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="1M ratings instead of 10M")
+    ap.add_argument("--workers", default="4,8")
+    ap.add_argument("--isp-v", default="0.7,0.3", help="ISP thresholds to run (MLLess's 0.7 and a tuned one)")
+    ap.add_argument("--target", type=float, default=0.56, help="target test RMSE (noise floor 0.5)")
+    ap.add_argument("--eval-every", type=int, default=20)
+    ap.add_argument("--max-seconds", type=float, default=600)
+    ap.add_argument("--max-epochs", type=float, default=30)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--with-ddp", action="store_true", help="also run bench/ddp_baseline.py's DDP (gloo) variants")
+    ap.add_argument("--json", help="output JSON (default bench/results/sync[-quick].json)")
+    args = ap.parse_args(argv)
+
+    shape = "quick" if args.quick else "ml10m"
+    data_dir, meta = dataset(shape, args.seed)
+    configs = dict(CONFIGS)
+    for v in (float(x) for x in args.isp_v.split(",")):
+        configs[f"isp(v={v:g})"] = {"sync.mode": "isp", "sync.significance": v}
+    rows = []
+    for workers in (int(w) for w in args.workers.split(",")):
+        for name, fields in configs.items():
+            rows.append(run_config(data_dir, workers, name, fields, args))
+        if args.with_ddp:
+            from ddp_baseline import run_ddp
+
+            for variant in ("dense", "sparse"):
+                print(f"-- ddp-{variant} × {workers} workers", flush=True)
+                r = run_ddp(data_dir, workers, args.target, variant=variant, rank=20, lr=None,
+                            max_seconds=args.max_seconds, max_epochs=args.max_epochs, seed=args.seed,
+                            eval_every=args.eval_every)
+                rows.append({"config": f"ddp-{variant}", "workers": workers, **r})
+
+    print()
+    print_table(rows, [("config", "sync"), ("workers", "P"), ("status", "status"),
+                       ("time_to_target_s", "s to target"), ("steps_to_target", "steps"),
+                       ("mb_exchanged", "MB exchanged"), ("sent_fraction", "sent frac"),
+                       ("final_test_rmse", "test RMSE"), ("sync_ms_median", "sync ms (med)")])
+    verdict = verdicts(rows, max(int(w) for w in args.workers.split(",")))
+    for line in verdict["lines"]:
+        print(line)
+    write_json("sync-quick" if args.quick else "sync", {"shape": shape, "data_meta": meta, "target_rmse": args.target,
+                                                        "rows": rows, "verdict": verdict}, args.json)
+
+
+def verdicts(rows, workers) -> dict:
+    at = {r["config"]: r for r in rows if r["workers"] == workers}
+    bsp = at.get("bsp")
+    out: dict = {"workers": workers, "lines": []}
+    isps = {k: r for k, r in at.items() if k.startswith("isp") and r.get("time_to_target_s")}
+    if not bsp or not bsp.get("time_to_target_s") or not isps:
+        out["lines"].append("(BSP or ISP did not reach the target: no ratios)")
+        return out
+    best_name, best = min(isps.items(), key=lambda kv: kv[1]["time_to_target_s"])
+    out.update({
+        "best_isp": best_name,
+        "bytes_ratio_bsp_over_isp": bsp["mb_exchanged"] / best["mb_exchanged"],
+        "speedup_isp_vs_bsp": bsp["time_to_target_s"] / best["time_to_target_s"],
+        "rmse_rel_diff": abs(best["final_test_rmse"] - bsp["final_test_rmse"]) / bsp["final_test_rmse"],
+        "sync_ms_median_isp": best["sync_ms_median"],
+    })
+    out["lines"] += [
+        f"at {workers} workers, {best_name} vs BSP: {out['bytes_ratio_bsp_over_isp']:.1f}× fewer bytes (target ≥ 5), "
+        f"{out['speedup_isp_vs_bsp']:.2f}× sooner to target (target ≥ 1.5), "
+        f"test RMSE differs by {100 * out['rmse_rel_diff']:.2f}% (target ≤ 1%)",
+        f"per-step sync overhead at {workers} workers: median {best['sync_ms_median']:.2f} ms (target ≤ 2 ms)",
+    ]
+    ddp = [r for k, r in at.items() if k.startswith("ddp") and r.get("time_to_target_s")]
+    if ddp:
+        fastest = min(ddp, key=lambda r: r["time_to_target_s"])
+        out["speedup_vs_ddp"] = fastest["time_to_target_s"] / best["time_to_target_s"]
+        out["lines"].append(f"Ebb {best_name} vs the fastest DDP ({fastest['config']}): "
+                            f"{out['speedup_vs_ddp']:.2f}× sooner to target (target ≥ 3)")
+    return out
+
+
+if __name__ == "__main__":
+    main()
