@@ -109,6 +109,7 @@ class Supervisor:
         self.clock = -1
         self.cursor = 0
         self.discarded_upto = -1
+        self.senders: dict[int, list[int]] = {}  # step -> workers whose update key exists
         self.at_target = 0
         self.recent_loss: dict[int, float] = {}
         self.history: list[dict] = []
@@ -231,7 +232,9 @@ class Supervisor:
         self.history.append(record)
 
         self.stop_reason = self._stop_reason(loss, epoch, elapsed, cost, k)
-        directive: dict = {"step": k, "stop": bool(self.stop_reason),
+        senders = sorted(w for w, r in reports.items() if r["sent_bytes"])
+        self.senders[k] = senders
+        directive: dict = {"step": k, "stop": bool(self.stop_reason), "senders": senders,
                            "last_sent_at": max(r["sent_at"] for r in reports.values())}
         if not self.stop_reason:
             self._scale(k, elapsed, loss, epoch, directive)
@@ -240,9 +243,11 @@ class Supervisor:
         self.clock = k
         # Every worker has applied the steps up to min(applied): their updates can go.
         applied = min(r["applied"] for r in reports.values())
-        if applied > self.discarded_upto:
-            self.updates.discard(range(self.discarded_upto + 1, applied + 1), range(self.next_id))
-            self.discarded_upto = applied
+        for step in range(self.discarded_upto + 1, applied + 1):
+            if self.senders.get(step):
+                self.updates.discard([step], self.senders.pop(step))
+            self.senders.pop(step, None)
+        self.discarded_upto = max(self.discarded_upto, applied)
 
     def _stop_reason(self, loss: float, epoch: float, elapsed: float, cost: dict | None, k: int) -> str | None:
         stop = self.spec.stop

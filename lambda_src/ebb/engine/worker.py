@@ -208,7 +208,8 @@ class Worker:
     def _wait_for_clock(self) -> None:
         self.timer.start()
         need = self.step - self.slack
-        while (d := self.signals.next_directive(self.me, 0)) is not None:
+        # Under SSP directives pile up while we compute; under a barrier ours cannot be there yet.
+        while self.slack and (d := self.signals.next_directive(self.me, 0)) is not None:
             self._receive(d)
         while self.clock < need:
             d = self.signals.next_directive(self.me, DIRECTIVE_WAIT_S)
@@ -220,7 +221,9 @@ class Worker:
     def _apply_cleared(self) -> str | None:
         for k in range(self.applied_upto + 1, self.clock + 1):
             members = self.members
-            others = [q for q in members if q != self.me]
+            senders = self.events.get(k, {}).get("senders")
+            # The directive names who sent something: empty announcers are not read at all.
+            others = [q for q in members if q != self.me and (senders is None or q in senders)]
             payloads = self.updates.fetch(k, others) if others else {}
             self.bytes_read += sum(len(p) for p in payloads.values())
             self.timer.lap("read")

@@ -8,6 +8,7 @@ redis-server are stopped before ``run_local`` returns or raises.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import threading
 import time
 import traceback
@@ -25,8 +26,13 @@ from ebb.stores.memory import MemorySignalChannel, MemoryUpdateStore
 from ebb.stores.redis_store import RedisSignalChannel, RedisUpdateStore
 
 
+WORKER_NICENESS = 5  # the supervisor and redis-server sit on every step's critical path
+
+
 def _worker_process(spec_json: str, start: WorkerStart, urls: list[str], job: str) -> None:
     torch.set_num_threads(1)
+    # More workers than cores is the norm locally: let the barrier's other parties run first.
+    os.nice(WORKER_NICENESS)
     spec = JobSpec.model_validate_json(spec_json)
     updates = RedisUpdateStore(urls, job)
     signals = RedisSignalChannel(urls[0], job)
