@@ -12,9 +12,13 @@ fi
 stamp=.venv/.ebb-installed
 if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "==> installing Python packages (first time: a few minutes)"
-  .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -r requirements.txt
-  .venv/bin/python -m pip install --quiet --no-deps -e .
+  pip_install() {  # hide pip's complaints about this machine's unused extra index folders
+    .venv/bin/python -m pip install --quiet "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+    return "${PIPESTATUS[0]}"
+  }
+  pip_install --upgrade pip
+  pip_install -r requirements.txt
+  pip_install --no-deps -e .
   touch "$stamp"
 fi
 

@@ -19,7 +19,8 @@ from ebb.local.runner import ThreadLauncher, run_local
 from ebb.sparse import RowUpdate
 from ebb.spec import load_spec
 from ebb.stores.local import FolderObjectStore
-from ebb.stores.memory import MemorySignalChannel, MemoryUpdateStore
+from ebb.stores.memory import MemoryUpdateStore
+from engine_helpers import RecordingChannel
 from ebb.stores.redis_store import RedisUpdateStore
 
 
@@ -96,16 +97,6 @@ def test_isp_with_zero_threshold_is_bsp_bit_for_bit(small_ratings, redis_url, tm
     assert isp["test_metrics"]["rmse"] < 1.1 * bsp["test_metrics"]["rmse"]
 
 
-class _RecordingChannel(MemorySignalChannel):
-    def __init__(self):
-        super().__init__()
-        self.log: list[dict] = []
-
-    def report(self, message):
-        self.log.append(dict(message))
-        super().report(message)
-
-
 class _SlowWorkerZero(Worker):
     def _compute_and_publish(self):
         if self.me == 0:
@@ -117,7 +108,7 @@ def test_ssp_never_lets_a_worker_run_more_than_slack_ahead(small_ratings, tmp_pa
     data_dir, _ = small_ratings
     slack = 2
     spec = _spec(data_dir, tmp_path, workers=3, **{"sync.mode": "ssp", "sync.slack": slack, "stop.max_epochs": 4})
-    objects, updates, signals = FolderObjectStore(data_dir), MemoryUpdateStore(), _RecordingChannel()
+    objects, updates, signals = FolderObjectStore(data_dir), MemoryUpdateStore(), RecordingChannel()
     launcher = ThreadLauncher(spec, objects, updates, signals, worker_cls=_SlowWorkerZero)
     report = Supervisor(spec, objects, updates, signals, launcher).run()
     launcher.stop_all()

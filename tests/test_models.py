@@ -93,7 +93,7 @@ def test_sparse_sgd_nesterov_matches_torch_sgd_when_all_rows_touched():
     ref = x0.clone().requires_grad_(True)
     torch_opt = torch.optim.SGD([ref], lr=0.05, momentum=0.9, nesterov=True)
     rows = torch.arange(6)
-    for step in range(20):
+    for _ in range(20):
         grad = torch.randn(6, 3)
         opt.begin_step()
         ours["p"].index_add_(0, rows, opt.delta("p", rows, grad))
@@ -110,7 +110,7 @@ def test_sparse_adam_matches_torch_sparse_adam_on_touched_rows():
     emb = torch.nn.Embedding(10, 2, sparse=True)
     emb.weight.data.copy_(x0)
     torch_opt = torch.optim.SparseAdam(emb.parameters(), lr=0.01)
-    for step in range(25):
+    for _ in range(25):
         rows = torch.unique(torch.randint(0, 10, (4,)))
         grad = torch.randn(rows.numel(), 2)
         opt.begin_step()

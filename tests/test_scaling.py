@@ -3,7 +3,6 @@ scale-out joins, re-striping, and the budget stop."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -15,6 +14,7 @@ from ebb.local.runner import ThreadLauncher, run_local
 from ebb.spec import load_spec
 from ebb.stores.local import FolderObjectStore
 from ebb.stores.memory import MemorySignalChannel, MemoryUpdateStore
+from engine_helpers import RecordingChannel
 
 
 class ScriptedPolicy:
@@ -36,16 +36,6 @@ class ScriptedPolicy:
 
     def load_state_dict(self, state):
         pass
-
-
-class RecordingChannel(MemorySignalChannel):
-    def __init__(self):
-        super().__init__()
-        self.log: list[dict] = []
-
-    def report(self, message):
-        self.log.append(dict(message))
-        super().report(message)
 
 
 class AveragingProbe(Worker):
@@ -95,7 +85,7 @@ def test_eviction_folds_the_leavers_replica_in_so_unsent_updates_survive(small_r
     from ebb.engine.worker import replica_blob
 
     leaver = decode_batch(updates.get_blob(replica_blob(evicted, 6)))
-    for w, snap in AveragingProbe.snapshots.items():
+    for snap in AveragingProbe.snapshots.values():
         for name, before in snap["before"].items():
             expected = (before + torch.from_numpy(leaver[name])) * 0.5
             torch.testing.assert_close(snap["after"][name], expected, rtol=0, atol=0)

@@ -195,7 +195,6 @@ def synth_ratings(
     user, item = keys // items, keys % items
 
     bias_pairs = 2 if rank >= 3 else 0
-    free = rank - bias_pairs
     # Free component j contributes a product of std a·decay^j; the total interaction
     # variance stays SIGNAL² − biases², whatever the decay.
     product_std = spectrum_decay ** np.arange(rank, dtype=float)

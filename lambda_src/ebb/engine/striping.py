@@ -9,8 +9,6 @@ re-striped over whoever is active and every part is still visited once per epoch
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
 
@@ -19,12 +17,17 @@ class PartSequence:
         if num_parts <= 0:
             raise ValueError("the dataset has no training parts")
         self.num_parts, self.seed, self.shuffle = num_parts, seed, shuffle
+        self._orders: dict[int, np.ndarray] = {}  # the epochs in use (at most a couple)
 
-    @lru_cache(maxsize=4)
     def _order(self, epoch: int) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(self.num_parts)
-        return np.random.default_rng([self.seed, epoch]).permutation(self.num_parts)
+        order = self._orders.get(epoch)
+        if order is None:
+            if len(self._orders) >= 4:
+                self._orders.pop(min(self._orders))
+            order = (np.random.default_rng([self.seed, epoch]).permutation(self.num_parts) if self.shuffle
+                     else np.arange(self.num_parts))
+            self._orders[epoch] = order
+        return order
 
     def part_at(self, position: int) -> int:
         """Index of the training part at a position of the sequence."""

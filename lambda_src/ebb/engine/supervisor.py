@@ -19,8 +19,7 @@ import torch
 
 from ebb.cost.model import perf_per_dollar
 from ebb.data.format import decode_batch
-from ebb.engine.striping import PartSequence
-from ebb.engine.worker import BLOB_WAIT_S, EngineError, PartCache, WorkerStart, final_blob, load_manifest, replica_blob
+from ebb.engine.worker import EngineError, PartCache, WorkerStart, final_blob, load_manifest, replica_blob
 from ebb.models import build_model
 from ebb.spec import JobSpec
 from ebb.stores.base import ObjectStore, SignalChannel, UpdateStore

@@ -16,14 +16,13 @@ supervisor's directive (continue, evict, join, stop).
 
 from __future__ import annotations
 
-import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
-from ebb.data.format import MANIFEST_KEY, Manifest, checksum, decode_batch, encode_batch, part_key
+from ebb.data.format import MANIFEST_KEY, Manifest, checksum, decode_batch, encode_batch
 from ebb.engine.aggregate import row_mean
 from ebb.engine.isp import SignificanceFilter
 from ebb.engine.striping import PartSequence, position_of

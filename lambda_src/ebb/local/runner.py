@@ -18,7 +18,7 @@ from contextlib import ExitStack
 import torch
 
 from ebb.engine.supervisor import MetricsSink, Supervisor
-from ebb.engine.worker import EngineError, Worker, WorkerStart
+from ebb.engine.worker import Worker, WorkerStart
 from ebb.local.redis_server import RedisServer
 from ebb.spec import JobSpec
 from ebb.stores.local import FolderObjectStore
@@ -40,7 +40,7 @@ def _worker_process(spec_json: str, start: WorkerStart, urls: list[str], job: st
         Worker(spec, start, FolderObjectStore(spec.data), updates, signals).run()
     except Exception:
         traceback.print_exc()
-        raise SystemExit(1)
+        raise SystemExit(1) from None
 
 
 class ProcessLauncher:
