@@ -118,7 +118,8 @@ def main(argv=None):
     ap.add_argument("--isp-v", default="0.7,0.3", help="ISP thresholds to run (MLLess's 0.7 and a tuned one)")
     ap.add_argument("--target", type=float, default=None,
                     help="target test RMSE (default: 0.58 at ML-10M shape, 0.66 with --quick; noise floor 0.5)")
-    ap.add_argument("--eval-every", type=int, default=20)
+    ap.add_argument("--eval-every", type=int, default=None,
+                    help="score the test split every N steps, Ebb and DDP alike (default 20; 5 with --quick)")
     ap.add_argument("--max-seconds", type=float, default=600)
     ap.add_argument("--max-epochs", type=float, default=30)
     ap.add_argument("--seed", type=int, default=0)
@@ -129,6 +130,8 @@ def main(argv=None):
     shape = "quick" if args.quick else "ml10m"
     if args.target is None:
         args.target = 0.66 if args.quick else 0.58
+    if args.eval_every is None:
+        args.eval_every = 5 if args.quick else 20
     data_dir, meta = dataset(shape, args.seed)
     configs = dict(CONFIGS)
     for v in (float(x) for x in args.isp_v.split(",")):
