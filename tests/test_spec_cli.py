@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -109,3 +110,34 @@ def test_help_teaches():
                  "--seed", "--out", "--sync", "--significance", "--slack", "--redis", "--policy", "--min-workers",
                  "--budget-usd", "--memory-mb", "examples:"):
         assert flag in r.stdout
+
+
+def test_ctrl_c_stops_every_worker_and_the_redis_server(small_ratings, tmp_path):
+    import signal
+    import time
+
+    import psutil
+
+    data_dir, _ = small_ratings
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "ebb.cli", "train", "--model", "pmf", "--data", data_dir,
+                             "--workers", "3", "--max-epochs", "100000", "--policy", "none", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 60
+    children: list = []
+    while time.monotonic() < deadline:
+        children = parent.children(recursive=True)
+        names = [c.name() for c in children if c.is_running()]
+        if len(children) >= 4 and any("redis" in n for n in names):
+            break
+        time.sleep(0.1)
+    assert len(children) >= 4, "three workers and a redis-server were started"
+    time.sleep(1.0)  # let it train a little
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C does: the whole process group
+    _, stderr = proc.communicate(timeout=30)
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert alive == [], [p.name() for p in alive]
+    report = json.loads((out / "report.json").read_text())
+    assert proc.returncode == 1 and report["status"] == "failed" and "interrupted" in report["error"]
+    assert "Traceback" not in stderr

@@ -17,7 +17,7 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
-from ebb.cost.model import perf_per_dollar
+from ebb.cost.model import perf_per_dollar, would_exceed
 from ebb.data.format import decode_batch
 from ebb.engine.worker import EngineError, PartCache, WorkerStart, final_blob, load_manifest, replica_blob
 from ebb.models import build_model
@@ -113,7 +113,9 @@ class Supervisor:
         self.recent_loss: dict[int, float] = {}
         self.history: list[dict] = []
         self.scale_events: list[dict] = []
-        self.sync_samples: list[float] = []
+        self.sync_samples: list[float] = []  # per worker and step: last announce -> its go received
+        self.go_samples: list[float] = []  # per step: last announce -> go published
+        self.sync_by_step: dict[int, list[float]] = {}
         self.totals = Totals()
         self.stop_reason: str | None = None
         self.finals: set[int] = set()
@@ -161,6 +163,11 @@ class Supervisor:
                 self._close_step(self.clock + 1)
         return self._finish()
 
+    def _first_worker_median(self) -> float | None:
+        """Median over steps of the quickest worker's go: the barrier without CPU queueing."""
+        firsts = sorted(min(v) for v in self.sync_by_step.values() if v)
+        return 1000 * firsts[len(firsts) // 2] if firsts else None
+
     def _take(self, r: dict) -> None:
         kind, w = r["type"], r["w"]
         self.totals.bytes_received += r.get("read_bytes", 0)
@@ -174,6 +181,7 @@ class Supervisor:
                 self._take_test(r["test"])
             if r.get("sync_s") is not None:
                 self.sync_samples.append(r["sync_s"])
+                self.sync_by_step.setdefault(r["t"] - 1, []).append(r["sync_s"])
         elif kind in ("left", "final"):
             self.ended_at[w] = time.monotonic()
             if kind == "final":
@@ -239,6 +247,8 @@ class Supervisor:
             self._scale(k, elapsed, loss, epoch, directive)
         self.sink.step({**record, "active": len(self.members), "stop": self.stop_reason})
         self.signals.direct(trained, directive)
+        # From the last announcement to the go being on its way: the protocol's own part.
+        self.go_samples.append(time.monotonic() - directive["last_sent_at"])
         self.clock = k
         # Every worker has applied the steps up to min(applied): their updates can go.
         applied = min(r["applied"] for r in reports.values())
@@ -263,9 +273,10 @@ class Supervisor:
         if elapsed >= stop.max_seconds:
             return "max_time"
         if stop.budget_usd is not None and cost is not None and k > 0:
-            # Stop while the next step still fits: project one more step at the mean rate.
+            # Stop while the next steps still fit, keeping a margin for what is billed after
+            # the stop (final replicas, merge, evaluation).
             per_step = cost["total_usd"] / (k + 1)
-            if cost["total_usd"] + 2 * per_step > stop.budget_usd:
+            if would_exceed(cost["total_usd"] + 2 * per_step, stop.budget_usd):
                 return "budget"
         return None
 
@@ -336,6 +347,7 @@ class Supervisor:
         wall = self.elapsed()
         self.totals.worker_seconds = self.worker_seconds()
         sync = sorted(self.sync_samples)
+        go = sorted(self.go_samples)
         report = {
             "status": self.stop_reason,
             "wall_seconds": wall,
@@ -348,7 +360,8 @@ class Supervisor:
             "history": self.history,
             "totals": self.totals.as_dict(),
             "sync_overhead_ms": {"median": 1000 * sync[len(sync) // 2], "p90": 1000 * sync[int(len(sync) * 0.9)],
-                                 "samples": len(sync)} if sync else None,
+                                 "samples": len(sync), "go_published_median": 1000 * go[len(go) // 2],
+                                 "first_worker_median": self._first_worker_median()} if sync else None,
             "scale_events": self.scale_events,
             "eval_seconds": round(self.eval_seconds, 4),
             "time_to_target_test": self.test_hit,

@@ -197,7 +197,7 @@ class Worker:
             "sent_bytes": len(payload), "sent_nnz": sent.nnz(), "local_nnz": update.nnz(),
             "read_bytes": self.bytes_read, "applied": self.applied_upto, "position": position,
             "timing": self.timer.take(), "sync_s": self.sync_overhead_s, "sent_at": before,
-            "object_gets": self.parts.gets, "test": self._test_result,
+            "object_gets": self.parts.gets, "test": self._test_result, "expect": len(self.members),
         })
         self.parts.gets = 0
         self._test_result = None

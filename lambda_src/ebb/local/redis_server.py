@@ -47,7 +47,9 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", self._dir.name, "--protected-mode", "yes", "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            # Its own session: a terminal's Ctrl-C must not stop it before the workers are stopped.
+            start_new_session=True)
         client = redis.Redis(host="127.0.0.1", port=self.port)
         deadline = time.monotonic() + timeout
         while True:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 import traceback
@@ -31,6 +32,8 @@ WORKER_NICENESS = 5  # the supervisor and redis-server sit on every step's criti
 
 def _worker_process(spec_json: str, start: WorkerStart, urls: list[str], job: str) -> None:
     torch.set_num_threads(1)
+    # Ctrl-C reaches the whole process group: the parent stops us, quietly, in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # More workers than cores is the norm locally: let the barrier's other parties run first.
     os.nice(WORKER_NICENESS)
     spec = JobSpec.model_validate_json(spec_json)

@@ -63,11 +63,33 @@ class RedisUpdateStore:
         return self.shards[0].get(self.prefix + "blob:" + name)
 
     def clear(self) -> None:
-        """Delete every key of this job (end of job)."""
+        """Delete every key of this job (end of job); a server already gone holds nothing."""
         for s in self.shards:
-            keys = list(s.scan_iter(match=self.prefix + "*", count=1000))
-            for i in range(0, len(keys), 500):
-                s.unlink(*keys[i : i + 500])
+            try:
+                self._clear_shard(s)
+            except redis.ConnectionError:
+                pass
+
+    def _clear_shard(self, shard: redis.Redis) -> None:
+        keys = list(shard.scan_iter(match=self.prefix + "*", count=1000))
+        for i in range(0, len(keys), 500):
+            shard.unlink(*keys[i : i + 500])
+
+
+# Queue a report and count it; only the report that completes its step (or one that
+# must be seen at once) wakes the supervisor. One round trip per report, one wake per
+# step — the supervisor does not pay a round trip for each of P workers (MLLess §3).
+_REPORT = """
+redis.call('RPUSH', KEYS[1], ARGV[1])
+local wake = ARGV[2] == '1'
+if not wake then
+  local n = redis.call('INCR', KEYS[3])
+  redis.call('EXPIRE', KEYS[3], 3600)
+  wake = n >= tonumber(ARGV[3])
+end
+if wake then redis.call('RPUSH', KEYS[2], '1') end
+return 0
+"""
 
 
 class RedisSignalChannel:
@@ -75,19 +97,25 @@ class RedisSignalChannel:
         self.r = connect(url)
         self.prefix = f"ebb:{job}:"
         self.reports_key = self.prefix + "reports"
+        self.wake_key = self.prefix + "wake"
+        self._report = self.r.register_script(_REPORT)
 
     def report(self, message: dict) -> None:
-        self.r.rpush(self.reports_key, json.dumps(message, separators=(",", ":")))
+        """Queue a report. A step report carries ``expect`` (the workers of its step)."""
+        body = json.dumps(message, separators=(",", ":"))
+        expect = message.get("expect")
+        count_key = f"{self.prefix}count:{message.get('t', 0)}"
+        self._report(keys=[self.reports_key, self.wake_key, count_key],
+                     args=[body, "0" if expect else "1", expect or 0])
 
     def next_reports(self, timeout: float) -> list[dict]:
-        first = self.r.blpop([self.reports_key], timeout=timeout)
-        if first is None:
+        if self.r.blpop([self.wake_key], timeout=timeout) is None:
             return []
-        pipe = self.r.pipeline()
+        pipe = self.r.pipeline(transaction=True)  # atomic: no report slips between read and delete
         pipe.lrange(self.reports_key, 0, -1)
-        pipe.delete(self.reports_key)
-        rest, _ = pipe.execute()
-        return [json.loads(first[1])] + [json.loads(m) for m in rest]
+        pipe.delete(self.reports_key, self.wake_key)
+        reports, _ = pipe.execute()
+        return [json.loads(m) for m in reports]
 
     def direct(self, workers: Iterable[int], message: dict) -> None:
         body = json.dumps(message, separators=(",", ":"))
