@@ -33,11 +33,12 @@ DATA = Path(__file__).resolve().parent / "data"
 def logistic_dataset(seed: int = 0) -> tuple[str, dict]:
     import json
 
-    root = DATA / f"logistic-s{seed}"
+    root = DATA / f"logistic-20k-s{seed}"
     raw, prepared = root / "data.svm", root / "prepared"
     if not (prepared / "manifest.json").exists():
         root.mkdir(parents=True, exist_ok=True)
-        synth_logistic(raw, rows=1_000_000, features=100_000, nnz=30, seed=seed)
+        # 20k features from 900k rows: the estimation gap above Bayes stays ≈ D/2N ≈ 1%.
+        synth_logistic(raw, rows=1_000_000, features=20_000, nnz=30, seed=seed)
         prepare_dataset("libsvm", raw, FolderObjectStore(prepared), batch_size=6250, test_fraction=0.1, seed=seed)
     return str(prepared), json.loads(Path(f"{raw}.meta.json").read_text())
 
@@ -65,6 +66,26 @@ def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict
         "worker_seconds": report["totals"]["worker_seconds"], "scale_events": report["scale_events"],
         "timeline": [(h["time"], h["workers"], h["loss"]) for h in report["history"]],
     }
+
+
+def median_run(results: list[dict]) -> dict:
+    """The run with the median time to target (its timeline is plotted), plus medians and spread."""
+    import statistics
+
+    reached = [r for r in results if r["time_to_target_s"]]
+    pool = sorted(reached, key=lambda r: r["time_to_target_s"]) or results
+    chosen = dict(pool[len(pool) // 2])
+    chosen["reached"] = f"{len(reached)}/{len(results)}"
+    if reached:
+        times = [r["time_to_target_s"] for r in reached]
+        costs = [r["cost_usd"] for r in reached]
+        chosen["time_to_target_s"] = statistics.median(times)
+        chosen["cost_usd"] = statistics.median(costs)
+        chosen["perf_per_dollar"] = statistics.median(r["perf_per_dollar"] for r in reached)
+        chosen["time_range_s"] = (min(times), max(times))
+        chosen["final_test"] = statistics.median(r["final_test"] for r in reached)
+        chosen["evictions"] = statistics.median(r["evictions"] for r in reached)
+    return chosen
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -105,8 +126,12 @@ def main(argv=None):
     ap.add_argument("--significance", type=float, default=0.7)
     ap.add_argument("--interval", type=float, default=4.0, help="T, seconds (MLLess: 20 on jobs of minutes)")
     ap.add_argument("--horizon", type=float, default=2.0, help="Δ ≤ T, seconds")
-    ap.add_argument("--pmf-target", type=float, default=0.56, help="target test RMSE (noise floor 0.5)")
+    # Targets near where the runs level off: the tuner acts after the knee, so a target
+    # reached before it measures nothing but noise.
+    ap.add_argument("--pmf-target", type=float, default=0.645,
+                    help="target test RMSE (noise floor 0.5; this 1M-rating shape levels off near 0.63)")
     ap.add_argument("--lr-target", type=float, default=None, help="target test log-loss (default: 1.03 × Bayes)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per setting, interleaved; medians are reported")
     ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--max-seconds", type=float, default=600)
     ap.add_argument("--max-epochs", type=float, default=40)
@@ -124,12 +149,16 @@ def main(argv=None):
         else:
             data_dir, meta = logistic_dataset(args.seed)
             target, hyper = args.lr_target or 1.03 * meta["bayes_logloss"], {}
-        for policy in ("none", "autotune"):
-            rows.append({**run(model, data_dir, policy, args, target, hyper), "target": target})
+        runs: dict[str, list[dict]] = {"none": [], "autotune": []}
+        for _ in range(args.repeats):
+            for policy in runs:  # interleaved, so machine noise hits both alike
+                runs[policy].append(run(model, data_dir, policy, args, target, hyper))
+        for results in runs.values():
+            rows.append({**median_run(results), "target": target, "repeats": results})
 
     print()
-    print_table(rows, [("model", "model"), ("tuner", "tuner"), ("status", "status"),
-                       ("time_to_target_s", "s to target"), ("cost_usd", "cost $"),
+    print_table(rows, [("model", "model"), ("tuner", "tuner"), ("reached", "reached"),
+                       ("time_to_target_s", "s to target (median)"), ("time_range_s", "range"), ("cost_usd", "cost $"),
                        ("perf_per_dollar", "Perf/$"), ("final_test", "test metric"),
                        ("workers_final", "workers at end"), ("evictions", "evictions")])
     verdict = {}
@@ -145,7 +174,8 @@ def main(argv=None):
                   f"(target ≤ 1%)")
     png = RESULTS / "autotuner.png"
     plot(rows, png)
-    write_json("autotuner", {"rows": rows, "verdict": verdict, "png": str(png.name)}, args.json)
+    write_json("autotuner", {"rows": rows, "verdict": verdict, "png": str(png.name), "settings": vars(args)},
+               args.json)
 
 
 if __name__ == "__main__":

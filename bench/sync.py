@@ -68,7 +68,11 @@ def run_config(data_dir, workers, name, fields, args) -> dict:
                  "out": str(DATA / "runs" / f"sync-{name}-{workers}"), **fields}
     spec = load_spec(overrides=overrides)
     print(f"-- {name} × {workers} workers", flush=True)
-    report, _ = run_local(spec)
+    try:
+        report, _ = run_local(spec)
+    except Exception as exc:  # a configuration that fails is a result too (e.g. a v that diverges)
+        print(f"   failed: {exc}", flush=True)
+        return {"config": name, "workers": workers, "status": "failed", "error": str(exc)}
     hit = report["time_to_target_test"]
     totals = report["totals"]
     return {
@@ -79,6 +83,7 @@ def run_config(data_dir, workers, name, fields, args) -> dict:
         "mb_exchanged": (totals["bytes_sent"] + totals["bytes_received"]) / 1e6,
         "mb_sent": totals["bytes_sent"] / 1e6, "sent_fraction": totals["sent_fraction"],
         "final_test_rmse": report["test_metrics"]["rmse"],
+        "final_train_rmse": report["final_loss"],
         # Under SSP a worker is usually computing when its go arrives: no barrier to time.
         "sync_ms_median": None if name.startswith("ssp") else (report["sync_overhead_ms"] or {}).get("median"),
         "sync_ms_p90": None if name.startswith("ssp") else (report["sync_overhead_ms"] or {}).get("p90"),
