@@ -210,3 +210,18 @@ def test_row_mean_averages_each_row_over_its_contributors():
     assert dict(zip(rows.tolist(), vals[:, 0].tolist())) == {0: 2.0, 1: 5.0, 5: 1.0}
     assert m.rows["b"][1].item() == 3.0
     assert row_mean([a]).rows["w"][1] is a.rows["w"][1]  # one contributor: untouched
+
+
+def test_row_mean_divides_by_the_workers_that_touched_a_row_under_isp():
+    from ebb.engine.aggregate import row_mean, split_touched, touched_rows
+
+    own = RowUpdate({"w": (torch.tensor([0, 1]), torch.tensor([[2.0], [4.0]]))})
+    # The other worker touched rows 1 and 7 but only row 7 was significant.
+    other_full = RowUpdate({"w": (torch.tensor([1, 7]), torch.tensor([[9.0], [6.0]]))})
+    other_sent = RowUpdate({"w": (torch.tensor([7]), torch.tensor([[6.0]]))})
+    wire = RowUpdate({**other_sent.rows, **touched_rows(other_full).rows}).encode()
+    values, touched = split_touched(RowUpdate.decode(wire))
+    m = row_mean([own, values], [{"w": own.rows["w"][0]}, touched])
+    got = dict(zip(m.rows["w"][0].tolist(), m.rows["w"][1][:, 0].tolist()))
+    # Row 1: touched by both, only our 4.0 arrived -> 4.0 / 2, as BSP's divisor would be.
+    assert got == {0: 2.0, 1: 2.0, 7: 6.0}

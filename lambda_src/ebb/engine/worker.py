@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ebb.data.format import MANIFEST_KEY, Manifest, checksum, decode_batch, encode_batch
-from ebb.engine.aggregate import row_mean
+from ebb.engine.aggregate import row_mean, split_touched, touched_rows
 from ebb.engine.isp import SignificanceFilter
 from ebb.engine.striping import PartSequence, position_of
 from ebb.models import Model, build_model
@@ -183,7 +183,14 @@ class Worker:
         sent = self.filter(update, self.model.params, t) if self.filter else update
         self.timer.lap("filter")
         empty = sent.is_empty()
-        payload = b"" if empty or len(self.members) == 1 else sent.encode()  # alone: nobody to read it
+        if len(self.members) == 1:
+            payload = b""  # alone: nobody to read it
+        elif self.filter:
+            # ISP ships the significant rows plus the indices it touched, so every reader
+            # divides each row by the same toucher count BSP would (see aggregate.row_mean).
+            payload = RowUpdate({**sent.rows, **touched_rows(update).rows}).encode()
+        else:
+            payload = b"" if empty else sent.encode()
         if payload:
             self.updates.publish(t, self.me, payload)
         self.timer.lap("write")
@@ -228,9 +235,16 @@ class Worker:
             self.timer.lap("read")
             own = self.own.pop(k, None)
             # Worker-id order, own update in its slot: every replica adds the same numbers.
-            contributions = [own if q == self.me else RowUpdate.decode(payloads[q])
-                             for q in members if (q == self.me and own is not None) or q in payloads]
-            self.model.apply(row_mean(contributions))
+            contributions, touched = [], []
+            for q in members:
+                if q == self.me and own is not None:
+                    contributions.append(own)
+                    touched.append({n: e[0] for n, e in own.rows.items()})
+                elif q in payloads:
+                    values, rows = split_touched(RowUpdate.decode(payloads[q]))
+                    contributions.append(values)
+                    touched.append(rows)
+            self.model.apply(row_mean(contributions, touched if self.filter else None))
             if self.mode == "ssp" and own is not None:
                 self.model.apply(own, scale=-1.0)  # it was applied at once; the mean replaces it
             self.timer.lap("apply")
