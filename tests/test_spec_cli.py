@@ -112,7 +112,8 @@ def test_help_teaches():
         assert flag in r.stdout
 
 
-def test_ctrl_c_stops_every_worker_and_the_redis_server(small_ratings, tmp_path):
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_every_worker_and_the_redis_server(small_ratings, tmp_path, how):
     import signal
     import time
 
@@ -134,10 +135,14 @@ def test_ctrl_c_stops_every_worker_and_the_redis_server(small_ratings, tmp_path)
         time.sleep(0.1)
     assert len(children) >= 4, "three workers and a redis-server were started"
     time.sleep(1.0)  # let it train a little
-    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C does: the whole process group
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C does: the whole process group
+    else:
+        proc.terminate()  # as a job scheduler or `kill` does: the parent only
     _, stderr = proc.communicate(timeout=30)
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert alive == [], [p.name() for p in alive]
     report = json.loads((out / "report.json").read_text())
-    assert proc.returncode == 1 and report["status"] == "failed" and "interrupted" in report["error"]
+    assert proc.returncode == 1 and report["status"] == "failed"
+    assert ("interrupted" if how == "ctrl-c" else "SIGTERM") in report["error"]
     assert "Traceback" not in stderr

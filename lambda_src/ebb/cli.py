@@ -90,9 +90,9 @@ def cmd_train(args) -> int:
     try:
         report, supervisor = run_local(spec, sink, cost_meter=_cost_meter(spec))
         replica = supervisor.replica
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (runner.Terminated)
         sink.close({})
-        report = {"status": "failed", "error": "interrupted (Ctrl-C)"}
+        report = {"status": "failed", "error": str(exc) or "interrupted (Ctrl-C)"}
     except Exception as exc:  # the job failed: still leave a report behind
         sink.close({})
         report = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}

@@ -34,6 +34,7 @@ def _worker_process(spec_json: str, start: WorkerStart, urls: list[str], job: st
     torch.set_num_threads(1)
     # Ctrl-C reaches the whole process group: the parent stops us, quietly, in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's unwind-handler: just stop
     # More workers than cores is the norm locally: let the barrier's other parties run first.
     os.nice(WORKER_NICENESS)
     spec = JobSpec.model_validate_json(spec_json)
@@ -109,11 +110,24 @@ class ThreadLauncher:
             t.join(timeout=5)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into the same orderly unwind as Ctrl-C."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated("terminated (SIGTERM)")
+
+
 def run_local(spec: JobSpec, sink: MetricsSink | None = None, cost_meter=None) -> tuple[dict, Supervisor]:
     """Run ``spec`` to completion here; returns (report, supervisor)."""
     objects = FolderObjectStore(spec.data)
     job = f"{spec.name}-{uuid.uuid4().hex[:6]}"
     with ExitStack() as stack:
+        if threading.current_thread() is threading.main_thread():
+            # A SIGTERM would otherwise skip the clean-up below and orphan the workers and
+            # the redis-server (which runs in its own session).
+            previous = signal.signal(signal.SIGTERM, _on_sigterm)
+            stack.callback(signal.signal, signal.SIGTERM, previous)
         if spec.workers == 1 and not spec.redis_urls and spec.scaling.policy != "schedule":
             updates, signals = MemoryUpdateStore(), MemorySignalChannel()
             launcher = ThreadLauncher(spec, objects, updates, signals)
