@@ -192,15 +192,20 @@ def _nnls_starts(
     return [theta for _, theta in candidates[:_REFINED_STARTS]]
 
 
+def _normalised(steps, losses):
+    """Checked points, and the same scaled to [0, 1] on both axes (better-conditioned fits)."""
+    t, y = _prepare(steps, losses)
+    t_scale, y_scale = float(np.max(t)), float(np.max(y))
+    return t, t / t_scale, y / y_scale, t_scale, y_scale
+
+
 def fit_reference(steps, losses) -> ReferenceCurve:
     """Fit ``L_P(t) = 1/(θ0·t^θ1 + θ2) + θ3`` (θ ≥ 0) to losses observed at steps.
 
     Raises ValueError when fewer than 5 finite points are given, a loss is not positive,
     or every solver start fails.
     """
-    t, y = _prepare(steps, losses)
-    t_scale, y_scale = float(np.max(t)), float(np.max(y))
-    tn, yn = t / t_scale, y / y_scale
+    t, tn, yn, t_scale, y_scale = _normalised(steps, losses)
 
     bases = [
         (
@@ -223,9 +228,7 @@ def fit_local(steps, losses) -> LocalCurve:
     Raises ValueError when fewer than 5 finite points are given, a loss is not positive,
     or every solver start fails.
     """
-    t, y = _prepare(steps, losses)
-    t_scale, y_scale = float(np.max(t)), float(np.max(y))
-    tn, yn = t / t_scale, y / y_scale
+    t, tn, yn, t_scale, y_scale = _normalised(steps, losses)
 
     bases = [
         (
