@@ -81,10 +81,9 @@ def cmd_train(args) -> int:
         print(f"ebb train: data: {spec.data} has no manifest.json; prepare it first with `ebb prepare`", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    from ebb.models import MODEL_KINDS  # noqa: F401  (fail early on a broken install)
+    from ebb.models import LOSS_NAMES
 
-    loss_name = "rmse" if spec.model == "pmf" else "logloss"
-    sink = ProgressSink(spec.stop.max_epochs, loss_name)
+    sink = ProgressSink(spec.stop.max_epochs, LOSS_NAMES[spec.model])
     started = time.monotonic()
     replica = None
     try:

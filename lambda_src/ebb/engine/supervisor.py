@@ -20,7 +20,7 @@ import torch
 from ebb.cost.model import perf_per_dollar, would_exceed
 from ebb.data.format import decode_batch
 from ebb.engine.worker import EngineError, PartCache, WorkerStart, final_blob, load_manifest, replica_blob
-from ebb.models import build_model
+from ebb.models import LOSS_NAMES, build_model, loss_value
 from ebb.spec import JobSpec
 from ebb.stores.base import ObjectStore, SignalChannel, UpdateStore
 
@@ -99,7 +99,7 @@ class Supervisor:
         self.cost_meter = cost_meter
         self.manifest = load_manifest(objects)
         self.num_parts = len(self.manifest.train.parts)
-        self.loss_name = build_model(spec.model, self.manifest, spec.hyper, spec.seed).loss_name
+        self.loss_name = LOSS_NAMES[spec.model]
         self.members = list(range(spec.workers))
         self.next_id = spec.workers
         self.started_at: dict[int, float] = {}
@@ -137,8 +137,7 @@ class Supervisor:
         return sum(self.ended_at.get(w, now) - t for w, t in self.started_at.items())
 
     def loss_value(self, loss_sum: float, samples: int) -> float:
-        mean = loss_sum / max(samples, 1)
-        return math.sqrt(mean) if self.loss_name == "rmse" else mean
+        return loss_value(self.loss_name, loss_sum, samples)
 
     def cost(self) -> dict | None:
         return self.cost_meter(self) if self.cost_meter else None
@@ -190,7 +189,7 @@ class Supervisor:
     def _take_test(self, test: dict) -> None:
         self.eval_seconds += test["seconds"]
         step = test["step"]
-        main = "rmse" if self.loss_name == "rmse" else "logloss"
+        main = self.loss_name  # the test metric named like the training loss
         value = test["metrics"][main]
         if step < len(self.history):
             self.history[step]["test"] = value

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from ebb.models.base import Model
+from ebb.models.base import Model, loss_value
 from ebb.models.logistic import DenseLR, SparseLR
 from ebb.models.pmf import PMF
 
 MODEL_KINDS = {"pmf": "ratings", "sparse_lr": "sparse", "lr": "dense"}
+LOSS_NAMES = {"pmf": PMF.loss_name, "sparse_lr": SparseLR.loss_name, "lr": DenseLR.loss_name}
 
 
 def build_model(name: str, manifest, hp, seed: int) -> Model:
@@ -21,4 +22,4 @@ def build_model(name: str, manifest, hp, seed: int) -> Model:
     return cls(manifest.num_features, lr=hp.lr, l2=hp.l2, seed=seed)
 
 
-__all__ = ["Model", "PMF", "SparseLR", "DenseLR", "build_model", "MODEL_KINDS"]
+__all__ = ["Model", "PMF", "SparseLR", "DenseLR", "build_model", "loss_value", "MODEL_KINDS", "LOSS_NAMES"]

@@ -17,6 +17,12 @@ import torch
 from ebb.sparse import RowUpdate, apply_update
 
 
+def loss_value(loss_name: str, loss_sum: float, samples: int) -> float:
+    """The reported loss from summed per-sample losses (RMSE takes the root of the mean)."""
+    mean = loss_sum / max(samples, 1)
+    return float(np.sqrt(mean)) if loss_name == "rmse" else float(mean)
+
+
 class Model(ABC):
     kind: str  # batch kind consumed: ratings | sparse | dense
     loss_name: str  # what the training loss is: rmse | logloss
@@ -49,11 +55,6 @@ class Model(ABC):
 
     def apply(self, update: RowUpdate, scale: float = 1.0) -> None:
         apply_update(self.params, update, scale)
-
-    def loss_value(self, loss_sum: float, samples: int) -> float:
-        """The reported loss from summed per-sample losses (RMSE takes the root)."""
-        mean = loss_sum / max(samples, 1)
-        return float(np.sqrt(mean)) if self.loss_name == "rmse" else float(mean)
 
     def evaluate(self, batches: Iterable[Any]) -> dict[str, float]:
         preds, targets = zip(*(self.predict(b) for b in batches))
