@@ -120,7 +120,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1M ratings instead of 10M")
     ap.add_argument("--workers", default="4,8")
-    ap.add_argument("--isp-v", default="0.7,0.3", help="ISP thresholds to run (MLLess's 0.7 and a tuned one)")
+    ap.add_argument("--sync", default="bsp,ssp,isp", help="which sync models to run (comma-separated)")
+    ap.add_argument("--isp-v", default="0.7,5", help="ISP thresholds to run (MLLess's 0.7 and a tuned one)")
     ap.add_argument("--target", type=float, default=None,
                     help="target test RMSE (default: 0.58 at ML-10M shape, 0.66 with --quick; noise floor 0.5)")
     ap.add_argument("--eval-every", type=int, default=None,
@@ -138,9 +139,11 @@ def main(argv=None):
     if args.eval_every is None:
         args.eval_every = 5 if args.quick else 20
     data_dir, meta = dataset(shape, args.seed)
-    configs = dict(CONFIGS)
-    for v in (float(x) for x in args.isp_v.split(",")):
-        configs[f"isp(v={v:g})"] = {"sync.mode": "isp", "sync.significance": v}
+    chosen = set(args.sync.split(","))
+    configs = {name: fields for name, fields in CONFIGS.items() if fields["sync.mode"] in chosen}
+    if "isp" in chosen:
+        for v in (float(x) for x in args.isp_v.split(",")):
+            configs[f"isp(v={v:g})"] = {"sync.mode": "isp", "sync.significance": v}
     rows = []
     for workers in (int(w) for w in args.workers.split(",")):
         for name, fields in configs.items():

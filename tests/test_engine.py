@@ -201,27 +201,56 @@ def test_target_test_stops_when_the_test_metric_is_reached(small_ratings, redis_
 
 
 def test_row_mean_averages_each_row_over_its_contributors():
-    from ebb.engine.aggregate import row_mean
+    from ebb.engine.aggregate import RowMean
 
+    params = {"w": torch.zeros(8, 1), "b": torch.zeros(2, 1)}
+    mean = RowMean(params)
     a = RowUpdate({"w": (torch.tensor([0, 1]), torch.tensor([[2.0], [4.0]]))})
     b = RowUpdate({"w": (torch.tensor([1, 5]), torch.tensor([[6.0], [1.0]])), "b": (torch.tensor([0]), torch.tensor([[3.0]]))})
-    m = row_mean([a, b])
-    rows, vals = m.rows["w"]
-    assert dict(zip(rows.tolist(), vals[:, 0].tolist())) == {0: 2.0, 1: 5.0, 5: 1.0}
-    assert m.rows["b"][1].item() == 3.0
-    assert row_mean([a]).rows["w"][1] is a.rows["w"][1]  # one contributor: untouched
+    for times in (1, 2):  # the counts are clean again after each step
+        mean.apply(params, [a, b])
+        assert params["w"][:, 0].tolist() == [2.0 * times, 5.0 * times, 0, 0, 0, 1.0 * times, 0, 0]
+        assert params["b"][0].item() == 3.0 * times
+    mean.apply(params, [a], scale=-2.0)  # one contributor: its own values
+    assert params["w"][:2, 0].tolist() == [0.0, 2.0]
 
 
 def test_row_mean_divides_by_the_workers_that_touched_a_row_under_isp():
-    from ebb.engine.aggregate import row_mean, split_touched, touched_rows
+    from ebb.engine.aggregate import RowMean
 
-    own = RowUpdate({"w": (torch.tensor([0, 1]), torch.tensor([[2.0], [4.0]]))})
-    # The other worker touched rows 1 and 7 but only row 7 was significant.
-    other_full = RowUpdate({"w": (torch.tensor([1, 7]), torch.tensor([[9.0], [6.0]]))})
-    other_sent = RowUpdate({"w": (torch.tensor([7]), torch.tensor([[6.0]]))})
-    wire = RowUpdate({**other_sent.rows, **touched_rows(other_full).rows}).encode()
-    values, touched = split_touched(RowUpdate.decode(wire))
-    m = row_mean([own, values], [{"w": own.rows["w"][0]}, touched])
-    got = dict(zip(m.rows["w"][0].tolist(), m.rows["w"][1][:, 0].tolist()))
-    # Row 1: touched by both, only our 4.0 arrived -> 4.0 / 2, as BSP's divisor would be.
-    assert got == {0: 2.0, 1: 2.0, 7: 6.0}
+    own = RowUpdate({"w": (torch.tensor([0, 1]), torch.tensor([[2.0, 1.0], [4.0, 1.0]]))})
+    # The other worker touched rows 1, 3 and 7 but only row 7 and one entry of row 3 were significant.
+    other_sent = RowUpdate({"w": (torch.tensor([3, 7]), torch.tensor([[0.0, 5.0], [6.0, 6.0]]))},
+                           touched={"w": torch.tensor([1, 3, 7])})
+    received = RowUpdate.decode(other_sent.encode())
+    assert torch.equal(received.touched["w"], torch.tensor([1, 3, 7]))
+    params = {"w": torch.zeros(9, 2)}
+    RowMean(params).apply(params, [own, received])
+    # Row 1: touched by both, only our update arrived -> halved, as BSP's divisor would be.
+    assert params["w"][[0, 1, 3, 7]].tolist() == [[2.0, 1.0], [2.0, 0.5], [0.0, 5.0], [6.0, 6.0]]
+    assert params["w"][[2, 4, 5, 6, 8]].abs().sum() == 0
+
+
+def test_codec_masks_unsent_entries_and_packs_sorted_indices():
+    from ebb.sparse import apply_update
+
+    rows = torch.arange(0, 2000, 2)
+    dense = RowUpdate({"u": (rows, torch.randn(1000, 16))})
+    masked_vals = dense.rows["u"][1].clone()
+    masked_vals[:, 1:] = 0.0  # one significant entry per row
+    masked = RowUpdate({"u": (rows, masked_vals), "b": (rows, torch.randn(1000, 1))}, touched={"u": rows, "b": rows})
+    assert len(dense.encode()) < 1000 * 16 * 4 + 300  # sorted indices: a bitmap of 250 bytes
+    # Two mask bytes and one value per row; the bias and the touched rows share one index list.
+    assert len(masked.encode()) < 1000 * (2 + 4 + 4) + 3 * 300
+    back = RowUpdate.decode(dense.encode())
+    assert torch.equal(back.rows["u"][0], rows) and torch.equal(back.rows["u"][1], dense.rows["u"][1])
+    back = RowUpdate.decode(masked.encode())
+    assert set(back.elements) == {"u"} and back.elements["u"][2].numel() == 1000  # carried as single entries
+    assert back.nnz() == masked.nnz() == 2000 and torch.equal(back.touched["b"], rows)
+    got, want = {"u": torch.zeros(2000, 16), "b": torch.zeros(2000, 1)}, {"u": torch.zeros(2000, 16), "b": torch.zeros(2000, 1)}
+    apply_update(got, back)
+    apply_update(want, masked)
+    assert all(torch.equal(got[n], want[n]) for n in got)
+    for idx in ([9, 2, 5], [0, 70_000], [4], list(range(0, 300_000, 3))):  # unsorted, far apart, alone, gaps
+        upd = RowUpdate({"u": (torch.tensor(idx), torch.randn(len(idx), 1))})
+        assert torch.equal(RowUpdate.decode(upd.encode()).rows["u"][0], torch.tensor(idx))

@@ -1,11 +1,16 @@
-"""How the updates of one step combine: the row-wise mean over the workers that sent a row.
+"""How the updates of one step combine: the row-wise mean over the workers that touched a row.
 
 MLLess averages the workers' gradients. Averaging over *all* P workers would shrink the
 step of a row only one worker touched by P; summing would multiply the step of a row
 every worker touched (a popular item, the bias) by P. The row-wise mean over the
-contributors does neither: each row moves by the average of the steps proposed for it,
-which is what one worker with the whole global batch would do under the per-row-mean
-gradients of the models. With one worker it is the identity.
+workers that touched the row does neither: each row moves by the average of the steps
+proposed for it, which is what one worker with the whole global batch would do under
+the per-row-mean gradients of the models. With one worker it is the identity.
+
+Under ISP a worker may touch a row yet send nothing for it yet (its change is still
+pending); it still counts as a toucher, exactly as under BSP, so a filtered row is not
+inflated by a smaller divisor. A row sent late (its accumulator crossed the threshold
+in a step where nobody touched it) is divided by 1.
 """
 
 from __future__ import annotations
@@ -15,50 +20,36 @@ import torch
 from ebb.sparse import RowUpdate
 
 
-TOUCHED = "~"  # prefix of the entries that carry only the rows a worker touched
+class RowMean:
+    """Adds the row-wise mean of a step's updates into a replica.
 
-
-def touched_rows(update: RowUpdate) -> RowUpdate:
-    """The rows an update touched, as value-less entries (indices only) to ship beside it."""
-    return RowUpdate({TOUCHED + name: (rows, torch.zeros(rows.numel(), 0)) for name, (rows, _) in update.rows.items()})
-
-
-def split_touched(update: RowUpdate) -> tuple[RowUpdate, dict[str, torch.Tensor]]:
-    """Separate a received payload into its values and the rows its sender touched."""
-    values = {n: e for n, e in update.rows.items() if not n.startswith(TOUCHED)}
-    touched = {n[len(TOUCHED):]: e[0] for n, e in update.rows.items() if n.startswith(TOUCHED)}
-    return RowUpdate(values), touched
-
-
-def row_mean(contributions: list[RowUpdate], touched: list[dict[str, torch.Tensor]] | None = None) -> RowUpdate:
-    """Combine updates (in a fixed order, for determinism) into their row-wise mean.
-
-    The divisor of a row is the number of contributions carrying it, or, when
-    ``touched`` is given (ISP: a worker may touch a row yet send nothing for it yet),
-    the number of workers that touched it this step, as BSP would count them.
+    Each contribution is divided row by row by its toucher count and added straight into
+    the parameters: the cost of a step is linear in what was received, with no sort or
+    unique over the concatenated updates, which matters when every worker reads every
+    peer's update every step. Contributions are added in the order given, so replicas
+    that receive the same updates in the same order stay bit-identical.
     """
-    names: dict[str, None] = {}
-    for c in contributions:
-        names.update(dict.fromkeys(c.rows))
-    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    for name in names:
-        parts = [c.rows[name] for c in contributions if name in c.rows and c.rows[name][0].numel()]
-        if not parts:
-            continue
-        if len(parts) == 1 and touched is None:
-            out[name] = parts[0]
-            continue
-        idx = torch.cat([p[0] for p in parts])
-        vals = torch.cat([p[1] for p in parts])
-        rows, where = torch.unique(idx, return_inverse=True)
-        sums = torch.zeros(rows.numel(), vals.shape[1]).index_add_(0, where, vals)
-        if touched is None:
-            counts = torch.bincount(where, minlength=rows.numel())
-        else:
-            all_touched = torch.cat([t[name] for t in touched if name in t] + [rows[:0]])
-            size = max(int(rows.max()), int(all_touched.max()) if all_touched.numel() else 0) + 1
-            # A row sent late (its accumulator crossed the threshold) may be touched by no one now.
-            counts = torch.bincount(all_touched, minlength=size)[rows].clamp_(min=1)
-        counts = counts.unsqueeze(1).to(vals.dtype)
-        out[name] = (rows, sums.div_(counts))
-    return RowUpdate(out)
+
+    def __init__(self, params: dict[str, torch.Tensor]):
+        self.counts = {n: torch.zeros(p.shape[0]) for n, p in params.items()}
+
+    def apply(self, params: dict[str, torch.Tensor], contributions: list[RowUpdate], scale: float = 1.0) -> None:
+        """``params += scale * row_mean(contributions)``."""
+        for name, counts in self.counts.items():
+            touched = [t for c in contributions if (t := c.touched_rows(name)) is not None and t.numel()]
+            for rows in touched:
+                counts.index_add_(0, rows, torch.ones(rows.numel()))
+            param = params[name]
+            for c in contributions:
+                entry = c.rows.get(name)
+                if entry is not None and entry[0].numel():
+                    rows, vals = entry
+                    divisor = counts.index_select(0, rows).clamp_(min=1).unsqueeze(1)
+                    param.index_add_(0, rows, vals / divisor, alpha=scale)
+                elements = c.elements.get(name) if c.elements else None
+                if elements is not None and elements[0].numel():
+                    rows, flat, vals = elements
+                    divisor = counts.index_select(0, rows).clamp_(min=1)
+                    param.view(-1).index_add_(0, flat, vals / divisor, alpha=scale)
+            for rows in touched:
+                counts.index_fill_(0, rows, 0.0)

@@ -1,13 +1,13 @@
 """The ISP significance filter (MLLess §4.1, DESIGN §3).
 
 Each worker keeps, per parameter, an accumulator δ of the local updates it has not sent.
-After a local step δ += u; a row is *significant* when ``|δ_row| / |x_row| > v_t`` with
-``v_t = v / sqrt(t)``; significant rows are sent and their accumulators reset, the rest
-keep accumulating. For a weight vector (rows of width 1) this is exactly the scalar
-per-parameter test of the paper; for an embedding row it is its L2 generalisation, so a
-row travels whole and the wire stays row-sparse. Only the rows the minibatch touched
-can change, so only they are scanned. With ``v = 0`` every non-zero row is sent, which
-reproduces BSP bit for bit. (NaN, from 0/0, is never significant; x/0 always is.)
+After a local step δ += u; parameter i is *significant* when ``|δ_i / x_i| > v_t`` with
+``v_t = v / sqrt(t)``; significant entries are sent and their accumulators reset, the
+rest keep accumulating. The test is per scalar, as in the paper; a row travels with only
+its significant entries (the codec masks the others out). Only the rows the minibatch
+touched can change, so only they are scanned. With ``v = 0`` every touched row is sent
+whole, which reproduces BSP bit for bit. (NaN, from 0/0, is never significant; δ/0 with
+δ ≠ 0 always is.)
 """
 
 from __future__ import annotations
@@ -29,18 +29,27 @@ class SignificanceFilter:
         return self.threshold / math.sqrt(step + 1)
 
     def __call__(self, update: RowUpdate, params: dict[str, torch.Tensor], step: int) -> RowUpdate:
-        """Accumulate ``update`` and return the significant part (accumulators of sent rows reset)."""
+        """Accumulate ``update`` and return the significant part (sent accumulators reset).
+
+        The result carries the rows the update touched as ``touched``, so readers count
+        this worker as a toucher of rows whose change is still pending.
+        """
         v_t = self.threshold_at(step)
         sent: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for name, (rows, vals) in update.rows.items():
             acc = self.pending[name]
-            acc_rows = acc[rows].add_(vals)
-            ratio = acc_rows.norm(dim=1) / params[name][rows].norm(dim=1)
-            # v = 0 sends every touched row, exactly as BSP does (even an all-zero one).
-            significant = ratio > v_t if v_t > 0 else torch.ones_like(ratio, dtype=torch.bool)
-            acc[rows] = acc_rows.masked_fill(significant.unsqueeze(1), 0.0)
-            sent[name] = (rows[significant], acc_rows[significant])
-        return RowUpdate(sent)
+            acc_rows = acc.index_select(0, rows).add_(vals)
+            if v_t > 0:
+                significant = acc_rows.abs() > params[name].index_select(0, rows).abs().mul_(v_t)
+                any_sig = significant.any(dim=1)
+                out_rows = rows[any_sig]
+                out_vals = acc_rows[any_sig].mul_(significant[any_sig])
+                acc.index_copy_(0, rows, acc_rows.masked_fill_(significant, 0.0))
+            else:  # BSP's wire: every touched row, whole, even an all-zero one
+                out_rows, out_vals = rows, acc_rows
+                acc.index_fill_(0, rows, 0.0)
+            sent[name] = (out_rows, out_vals)
+        return RowUpdate(sent, touched={name: rows for name, (rows, _) in update.rows.items()})
 
     def pending_nnz(self) -> int:
         return sum(int((p != 0).sum()) for p in self.pending.values())

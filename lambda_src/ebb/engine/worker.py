@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ebb.data.format import MANIFEST_KEY, Manifest, checksum, decode_batch, encode_batch
-from ebb.engine.aggregate import row_mean, split_touched, touched_rows
+from ebb.engine.aggregate import RowMean
 from ebb.engine.isp import SignificanceFilter
 from ebb.engine.striping import PartSequence, position_of
 from ebb.models import Model, build_model
@@ -121,6 +121,7 @@ class Worker:
         self.mode = spec.sync.mode if len(start.members) > 1 or spec.scaling.policy == "schedule" else "bsp"
         self.slack = spec.sync.slack if self.mode == "ssp" else 0
         self.filter = SignificanceFilter(self.model.params, spec.sync.significance) if self.mode == "isp" else None
+        self.row_mean = RowMean(self.model.params)
         self.members, self.step, self.cursor = sorted(start.members), start.step, start.cursor
         self.clock = start.step - 1  # every step before ours is cleared
         self.applied_upto = start.step - 1
@@ -186,9 +187,9 @@ class Worker:
         if len(self.members) == 1:
             payload = b""  # alone: nobody to read it
         elif self.filter:
-            # ISP ships the significant rows plus the indices it touched, so every reader
-            # divides each row by the same toucher count BSP would (see aggregate.row_mean).
-            payload = RowUpdate({**sent.rows, **touched_rows(update).rows}).encode()
+            # ISP ships the significant entries plus the rows it touched, so every reader
+            # divides each row by the same toucher count BSP would (see engine.aggregate).
+            payload = sent.encode()
         else:
             payload = b"" if empty else sent.encode()
         if payload:
@@ -235,16 +236,13 @@ class Worker:
             self.timer.lap("read")
             own = self.own.pop(k, None)
             # Worker-id order, own update in its slot: every replica adds the same numbers.
-            contributions, touched = [], []
+            contributions = []
             for q in members:
                 if q == self.me and own is not None:
                     contributions.append(own)
-                    touched.append({n: e[0] for n, e in own.rows.items()})
                 elif q in payloads:
-                    values, rows = split_touched(RowUpdate.decode(payloads[q]))
-                    contributions.append(values)
-                    touched.append(rows)
-            self.model.apply(row_mean(contributions, touched if self.filter else None))
+                    contributions.append(RowUpdate.decode(payloads[q]))
+            self.row_mean.apply(self.model.params, contributions)
             if self.mode == "ssp" and own is not None:
                 self.model.apply(own, scale=-1.0)  # it was applied at once; the mean replaces it
             self.timer.lap("apply")
