@@ -46,6 +46,10 @@ _ENTRY = struct.Struct("<BBII")
 _U32 = struct.Struct("<I")
 _VALUES, _TOUCHED, _SAME_ROWS = 0, 1, 2
 _GAPS, _MASKED, _BITMAP = 1, 2, 4
+# Adding one scalar by flat index costs about this many entries of a whole-row add
+# (torch's index_add_ over rows is vectorised); below 1/_ELEMENT_COST of a masked
+# entry's values present, a decoded update keeps single entries, above it whole rows.
+_ELEMENT_COST = 4
 
 Elements = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (row, flat index into the param, value)
 
@@ -126,12 +130,17 @@ class RowUpdate:
                 off += k * width
                 (nnz,) = _U32.unpack_from(buf, off)
                 off += _U32.size
-                pos = np.flatnonzero(np.unpackbits(masks, axis=1, count=dim, bitorder="little"))
-                row = idx.numpy()[pos // dim]
-                flat = row * dim + pos % dim
-                vals = np.frombuffer(buf, dtype="<f4", count=nnz, offset=off).copy()
+                pos = np.flatnonzero(np.unpackbits(masks, axis=1, count=dim, bitorder="little").view(bool))
+                carried = np.frombuffer(buf, dtype="<f4", count=nnz, offset=off)
                 off += 4 * nnz
-                elements[name] = (torch.from_numpy(row), torch.from_numpy(flat), torch.from_numpy(vals))
+                if nnz * _ELEMENT_COST < k * dim:
+                    row = idx.numpy()[pos // dim]
+                    flat = row * dim + pos % dim
+                    elements[name] = (torch.from_numpy(row), torch.from_numpy(flat), torch.from_numpy(carried.copy()))
+                else:  # most entries present: whole rows (zeros filled in) apply faster
+                    vals = np.zeros(k * dim, dtype=np.float32)
+                    vals[pos] = carried
+                    rows[name] = (idx, torch.from_numpy(vals.reshape(k, dim)))
             else:
                 # A copy: frombuffer views are read-only and tied to the source buffer.
                 vals = np.frombuffer(buf, dtype="<f4", count=k * dim, offset=off).reshape(k, dim).copy()
@@ -186,7 +195,7 @@ def _decode_indices(buf: memoryview, off: int, k: int, flags: int) -> tuple[torc
         nbytes = (n_bits + 7) // 8
         bits = np.unpackbits(np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=off), count=n_bits,
                              bitorder="little")
-        idx = np.flatnonzero(bits)
+        idx = np.flatnonzero(bits.view(bool))  # a bool view: numpy counts it several times faster
         if idx.size != k:
             raise ValueError(f"corrupt update: its bitmap holds {idx.size} rows, its header says {k}")
         return torch.from_numpy(idx.astype(np.int64)), off + nbytes

@@ -104,6 +104,7 @@ class ScaleInTuner:
         self.next_decision_s: float | None = None
         self.last_s_delta: float | None = None
         self.evictions: list[dict] = []  # one record per eviction decision
+        self.decisions: list[dict] = []  # one record per interval check after the knee (why it did or did not evict)
 
     # -- feeding -----------------------------------------------------------------------
 
@@ -172,7 +173,10 @@ class ScaleInTuner:
         self.next_decision_s = float(elapsed_s) + self.interval_s
         s_delta = self.s_delta(steps[-1], local, _mean_step_duration(steps, elapsed))
         self.last_s_delta = s_delta
-        if s_delta is None or not s_delta < self.tolerance:
+        evict = s_delta is not None and s_delta < self.tolerance
+        self.decisions.append({"step": steps[-1], "elapsed_s": round(float(elapsed_s), 3), "workers": int(workers),
+                               "s_delta": s_delta, "evict": evict})
+        if not evict:
             return None
         reason = f"s_delta={s_delta:.4f} < S={self.tolerance:g} at step {steps[-1]} with {workers} workers"
         self._record_eviction(elapsed_s, workers, reason, s_delta=s_delta)
@@ -236,6 +240,7 @@ class ScaleInTuner:
             "next_decision_s": self.next_decision_s,
             "last_s_delta": self.last_s_delta,
             "evictions": [dict(record) for record in self.evictions],
+            "decisions": [dict(record) for record in self.decisions],
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -253,6 +258,7 @@ class ScaleInTuner:
         self.next_decision_s = state["next_decision_s"]
         self.last_s_delta = state["last_s_delta"]
         self.evictions = [dict(record) for record in state["evictions"]]
+        self.decisions = [dict(record) for record in state.get("decisions", [])]
 
     @classmethod
     def from_state_dict(cls, state: dict) -> "ScaleInTuner":

@@ -313,6 +313,13 @@ class Supervisor:
                                           "reason": decision.reason, "donor": donor})
         directive["members"] = list(self.members)
 
+    def _autotune_summary(self) -> dict | None:
+        """What the auto-tuner saw: its knee and every interval's s_Δ (why it did or did not evict)."""
+        tuner = getattr(self.policy, "tuner", None)
+        if tuner is None:
+            return None
+        return {"knee_step": tuner.knee_step, "tolerance": tuner.tolerance, "decisions": tuner.decisions}
+
     # -- the end -------------------------------------------------------------------
     def merged_replica(self) -> dict[str, np.ndarray]:
         """Average of the final replicas of the active workers (DESIGN §1 step 3)."""
@@ -362,6 +369,7 @@ class Supervisor:
                                  "samples": len(sync), "go_published_median": 1000 * go[len(go) // 2],
                                  "first_worker_median": self._first_worker_median()} if sync else None,
             "scale_events": self.scale_events,
+            "autotune": self._autotune_summary(),
             "eval_seconds": round(self.eval_seconds, 4),
             "time_to_target_test": self.test_hit,
         }
