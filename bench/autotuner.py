@@ -48,6 +48,7 @@ def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict
         "name": f"bench-autotune-{model}-{policy}", "model": model, "data": data_dir, "workers": args.workers,
         "seed": args.seed, "sync.mode": "isp", "sync.significance": args.significance, "scaling.policy": policy,
         "scaling.interval_s": args.interval, "scaling.horizon_s": args.horizon, "scaling.min_workers": args.min_workers,
+        **({"scaling.tolerance": args.tolerance} if args.tolerance is not None else {}),
         "stop.target_test": target, "stop.eval_every": args.eval_every, "stop.max_seconds": args.max_seconds,
         "stop.max_epochs": args.max_epochs, "out": str(DATA / "runs" / f"autotune-{model}-{policy}"),
         **{f"hyper.{k}": v for k, v in hyper.items()}})
@@ -65,6 +66,8 @@ def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict
         "workers_final": report["workers"]["final"], "evictions": len(report["scale_events"]),
         "worker_seconds": report["totals"]["worker_seconds"], "scale_events": report["scale_events"],
         "timeline": [(h["time"], h["workers"], h["loss"]) for h in report["history"]],
+        "autotune": report.get("autotune"),
+        "tests": [(h["time"], h["test"]) for h in report["history"] if "test" in h],
     }
 
 
@@ -126,10 +129,13 @@ def main(argv=None):
     ap.add_argument("--significance", type=float, default=0.7)
     ap.add_argument("--interval", type=float, default=4.0, help="T, seconds (MLLess: 20 on jobs of minutes)")
     ap.add_argument("--horizon", type=float, default=2.0, help="Δ ≤ T, seconds")
+    ap.add_argument("--tolerance", type=float, default=None, help="S (default: the job spec's)")
     # Targets near where the runs level off: the tuner acts after the knee, so a target
     # reached before it measures nothing but noise.
     ap.add_argument("--pmf-target", type=float, default=0.66,
                     help="target test RMSE (noise floor 0.5; this 1M-rating shape levels off near 0.63)")
+    ap.add_argument("--pmf-shape", default="quick", choices=["quick", "ml10m"],
+                    help="PMF data: 1M ratings, or MovieLens-10M shape as bench/sync.py")
     ap.add_argument("--lr-target", type=float, default=None, help="target test log-loss (default: 1.03 × Bayes)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per setting, interleaved; medians are reported")
     ap.add_argument("--eval-every", type=int, default=20)
@@ -144,7 +150,7 @@ def main(argv=None):
     rows = []
     for model in args.models.split(","):
         if model == "pmf":
-            data_dir, meta = ratings_dataset("quick", args.seed)
+            data_dir, meta = ratings_dataset(args.pmf_shape, args.seed)
             target, hyper = args.pmf_target, {"rank": 20}
         else:
             data_dir, meta = logistic_dataset(args.seed)

@@ -51,3 +51,31 @@ def test_one_worker_sparse_lr_is_within_2_percent_of_bayes_optimal(tmp_path):
     assert report["test_metrics"]["logloss"] <= 1.02 * bayes
     assert report["test_metrics"]["auc"] > 0.8
     json.dumps(report)  # the report is plain JSON
+
+
+def test_pmf_defaults_stay_stable_with_one_worker_on_sparsely_touched_rows(tmp_path):
+    """Most users appear at most once per 6,250-rating batch here (20k users, 1M ratings),
+    so each of their steps is a full per-row step. Nesterov momentum 0.9 (an effective
+    step of 10× lr) blew these rows up within the first epoch, at 1 and 2 workers — the
+    fleet the auto-tuner shrinks to; the default 0.8 keeps every row bounded."""
+    import torch
+
+    from ebb.engine.worker import PartCache
+    from ebb.models import build_model
+
+    synth_ratings(tmp_path / "ratings.csv", users=20_000, items=5_000, ratings=1_000_000, rank=10, seed=0)
+    prepare_dataset("movielens", tmp_path / "ratings.csv", FolderObjectStore(tmp_path / "prep"), batch_size=6250,
+                    test_fraction=0.1, seed=0)
+    spec = load_spec(overrides={"model": "pmf", "data": str(tmp_path / "prep"), "hyper.rank": 20})
+    objects = FolderObjectStore(tmp_path / "prep")
+    manifest = load_manifest(objects)
+    model = build_model("pmf", manifest, spec.hyper, spec.seed)
+    parts = PartCache(objects, manifest, model)
+    losses = []
+    for step in range(200):  # 1.4 epochs
+        loss_sum, n, update = model.local_update(parts.get(step % len(manifest.train.parts)))
+        model.apply(update)
+        losses.append((loss_sum / n) ** 0.5)
+    assert all(np.isfinite(losses)) and np.mean(losses[-20:]) < 0.8 * np.mean(losses[:20])
+    assert max(float(p.norm(dim=1).max()) for p in model.params.values()) < 10
+    assert torch.isfinite(model.params["user"]).all()

@@ -19,7 +19,7 @@ ModelName = Literal["pmf", "sparse_lr", "lr"]
 # Defaults per model that train well on standard data (MovieLens-100k, Criteo samples)
 # without tuning; a field left unset in the spec takes the value for its model.
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "pmf": {"rank": 20, "lr": 0.04, "momentum": 0.9, "l2": 0.05, "init_std": 0.1, "lr_decay": 0.9},
+    "pmf": {"rank": 20, "lr": 0.04, "momentum": 0.8, "l2": 0.05, "init_std": 0.1, "lr_decay": 0.9},
     "sparse_lr": {"lr": 0.02, "l2": 1e-6, "lr_decay": 1.0},
     "lr": {"lr": 0.05, "l2": 1e-5, "lr_decay": 1.0},
 }
