@@ -122,7 +122,7 @@ def test_ssp_never_lets_a_worker_run_more_than_slack_ahead(small_ratings, tmp_pa
 def test_four_workers_converge_over_redis_processes(small_ratings, tmp_path):
     """The embedded default: a private redis-server and four worker processes."""
     data_dir, meta = small_ratings
-    spec = _spec(data_dir, tmp_path, workers=4, **{"sync.mode": "isp", "stop.max_epochs": 15, "hyper.rank": 5})
+    spec = _spec(data_dir, tmp_path, workers=4, **{"sync.mode": "isp", "stop.max_epochs": 25, "hyper.rank": 5})
     report, _ = run_local(spec)
     store = FolderObjectStore(data_dir)
     manifest = load_manifest(store)

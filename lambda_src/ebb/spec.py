@@ -70,6 +70,7 @@ class ScalingSpec(_Strict):
     knee_tolerance: float = Field(0.1, gt=0, description="knee: slope flatter than this share of the steepest")
     knee_patience: int = Field(5, ge=1)
     schedule: list[ScheduleEntry] = Field(default_factory=list)
+    scale_lr: bool = Field(True, description="below the initial fleet P, scale the learning rate by p/P")
 
     @model_validator(mode="after")
     def _check(self):

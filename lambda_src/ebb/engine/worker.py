@@ -154,7 +154,13 @@ class Worker:
 
     def _set_lr(self, position: int) -> None:
         epoch = position // self.sequence.num_parts
-        self.model.optimizer.lr = self.base_lr * self.spec.hyper.lr_decay ** epoch
+        lr = self.base_lr * self.spec.hyper.lr_decay ** epoch
+        if self.spec.scaling.scale_lr and len(self.members) < self.spec.workers:
+            # Linear scaling rule: a row's step is the mean of its touchers' proposals, so
+            # a smaller fleet would take equally long but noisier steps and settle on a
+            # higher loss. MLLess's summed updates shrink with the fleet the same way.
+            lr *= len(self.members) / self.spec.workers
+        self.model.optimizer.lr = lr
 
     def _receive(self, directive: dict) -> None:
         self.events[directive["step"]] = directive
