@@ -124,19 +124,21 @@ def _fit(
     denominator: Callable[[np.ndarray, np.ndarray], np.ndarray],
     denominator_jac: Callable[[np.ndarray, np.ndarray], np.ndarray],
     starts: list[np.ndarray],
+    weights: np.ndarray | None = None,
 ) -> tuple[np.ndarray, float]:
-    """Refine each start with bounded least squares on normalised data; best θ and RMSE."""
+    """Refine each start with bounded (weighted) least squares on normalised data; best θ and RMSE."""
+    root_w = np.ones_like(t) if weights is None else np.sqrt(weights / np.mean(weights))
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         den = np.maximum(denominator(theta, t), _MIN_DENOMINATOR)
-        return 1.0 / den + theta[3] - y
+        return (1.0 / den + theta[3] - y) * root_w
 
     def jacobian(theta: np.ndarray) -> np.ndarray:
         den = np.maximum(denominator(theta, t), _MIN_DENOMINATOR)
         jac = np.empty((t.size, 4))
         jac[:, :3] = -denominator_jac(theta, t) / (den * den)[:, None]
         jac[:, 3] = 1.0
-        return jac
+        return jac * root_w[:, None]
 
     best_theta, best_cost = None, np.inf
     for start in starts:
@@ -199,9 +201,11 @@ def _normalised(steps, losses):
     return t, t / t_scale, y / y_scale, t_scale, y_scale
 
 
-def fit_reference(steps, losses) -> ReferenceCurve:
+def fit_reference(steps, losses, recency: float = 0.0) -> ReferenceCurve:
     """Fit ``L_P(t) = 1/(θ0·t^θ1 + θ2) + θ3`` (θ ≥ 0) to losses observed at steps.
 
+    ``recency`` k weights the point at step t by (t / t_last)^k: with k > 0 the fit
+    follows the latest part of the history most closely, which is what is extrapolated.
     Raises ValueError when fewer than 5 finite points are given, a loss is not positive,
     or every solver start fails.
     """
@@ -215,7 +219,8 @@ def fit_reference(steps, losses) -> ReferenceCurve:
         for exponent in _EXPONENTS
     ]
     starts = _nnls_starts(tn, yn, _reference_den, bases)
-    theta_n, rmse_n = _fit(tn, yn, _reference_den, _reference_den_jac, starts)
+    weights = np.power(tn, recency) + 1e-6 if recency > 0 else None
+    theta_n, rmse_n = _fit(tn, yn, _reference_den, _reference_den_jac, starts, weights)
     # Undo the normalisation: y = y_s / (a·(t/t_s)^b + c) + y_s·d.
     a, b, c, d = theta_n
     theta = (a / (y_scale * t_scale**b), b, c / y_scale, d * y_scale)
