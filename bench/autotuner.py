@@ -49,6 +49,7 @@ def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict
         "seed": args.seed, "sync.mode": "isp", "sync.significance": args.significance, "scaling.policy": policy,
         "scaling.interval_s": args.interval, "scaling.horizon_s": args.horizon, "scaling.min_workers": args.min_workers,
         **({"scaling.tolerance": args.tolerance} if args.tolerance is not None else {}),
+        "scaling.knee_tolerance": args.knee_tolerance,
         "stop.target_test": target, "stop.eval_every": args.eval_every, "stop.max_seconds": args.max_seconds,
         "stop.max_epochs": args.max_epochs, "out": str(DATA / "runs" / f"autotune-{model}-{policy}"),
         **{f"hyper.{k}": v for k, v in hyper.items()}})
@@ -127,9 +128,12 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--min-workers", type=int, default=2)
     ap.add_argument("--significance", type=float, default=0.7)
-    ap.add_argument("--interval", type=float, default=4.0, help="T, seconds (MLLess: 20 on jobs of minutes)")
-    ap.add_argument("--horizon", type=float, default=2.0, help="Δ ≤ T, seconds")
+    # MLLess decides every 20 s on jobs of 5-10 minutes; these jobs last 30-60 s.
+    ap.add_argument("--interval", type=float, default=2.0, help="T, seconds (MLLess: 20 on jobs of minutes)")
+    ap.add_argument("--horizon", type=float, default=1.0, help="Δ ≤ T, seconds")
     ap.add_argument("--tolerance", type=float, default=None, help="S (default: the job spec's)")
+    ap.add_argument("--knee-tolerance", type=float, default=0.2,
+                    help="knee: the slope has fallen to this share of the steepest (job spec default 0.1)")
     # Targets near where the runs level off: the tuner acts after the knee, so a target
     # reached before it measures nothing but noise.
     ap.add_argument("--pmf-target", type=float, default=None,
