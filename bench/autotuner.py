@@ -43,13 +43,16 @@ def logistic_dataset(rows: int, seed: int = 0) -> tuple[str, dict]:
     return str(prepared), json.loads(Path(f"{raw}.meta.json").read_text())
 
 
+KNEE_TOLERANCE = {"pmf": 0.1, "sparse_lr": 0.2}
+
+
 def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict) -> dict:
     spec = load_spec(overrides={
         "name": f"bench-autotune-{model}-{policy}", "model": model, "data": data_dir, "workers": args.workers,
         "seed": args.seed, "sync.mode": "isp", "sync.significance": args.significance, "scaling.policy": policy,
         "scaling.interval_s": args.interval, "scaling.horizon_s": args.horizon, "scaling.min_workers": args.min_workers,
         **({"scaling.tolerance": args.tolerance} if args.tolerance is not None else {}),
-        "scaling.knee_tolerance": args.knee_tolerance,
+        "scaling.knee_tolerance": args.knee_tolerance or KNEE_TOLERANCE[model],
         "stop.target_test": target, "stop.eval_every": args.eval_every, "stop.max_seconds": args.max_seconds,
         "stop.max_epochs": args.max_epochs, "out": str(DATA / "runs" / f"autotune-{model}-{policy}"),
         **{f"hyper.{k}": v for k, v in hyper.items()}})
@@ -132,8 +135,10 @@ def main(argv=None):
     ap.add_argument("--interval", type=float, default=2.0, help="T, seconds (MLLess: 20 on jobs of minutes)")
     ap.add_argument("--horizon", type=float, default=1.0, help="Δ ≤ T, seconds")
     ap.add_argument("--tolerance", type=float, default=None, help="S (default: the job spec's)")
-    ap.add_argument("--knee-tolerance", type=float, default=0.2,
-                    help="knee: the slope has fallen to this share of the steepest (job spec default 0.1)")
+    ap.add_argument("--knee-tolerance", type=float, default=None,
+                    help="knee: the slope has fallen to this share of the steepest (default: 0.1, the job spec's, "
+                         "for PMF, whose early plateau a looser one takes for the knee; 0.2 for sparse LR, whose "
+                         "steep first steps make 0.1 find it late)")
     # Targets near where the runs level off: the tuner acts after the knee, so a target
     # reached before it measures nothing but noise.
     ap.add_argument("--pmf-target", type=float, default=None,
