@@ -66,7 +66,7 @@ class ScalingSpec(_Strict):
     min_workers: int = Field(1, ge=1)
     interval_s: float = Field(20, gt=0, description="scheduling interval T")
     horizon_s: float = Field(10, gt=0, description="look-ahead horizon Δ (≤ T)")
-    tolerance: float = Field(0.01, ge=0, le=1, description="evict when s_Δ(t) < tolerance")
+    tolerance: float = Field(0.02, ge=0, le=1, description="evict when s_Δ(t) < tolerance")
     knee_tolerance: float = Field(0.1, gt=0, description="knee: slope flatter than this share of the steepest")
     knee_patience: int = Field(5, ge=1)
     schedule: list[ScheduleEntry] = Field(default_factory=list)
