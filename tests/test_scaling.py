@@ -140,6 +140,32 @@ def test_restriping_visits_every_minibatch_once_per_epoch_across_evictions(small
     assert [h["workers"] for h in report["history"]][-1] == 2
 
 
+class LearningRateProbe(Worker):
+    """Records the learning rate each step ran with, and the fleet it ran in."""
+
+    seen: list[tuple[int, int, float]] = []
+
+    def _compute_and_publish(self):
+        super()._compute_and_publish()
+        LearningRateProbe.seen.append((self.step, len(self.members), self.model.optimizer.lr))
+
+
+@pytest.mark.parametrize("scale_lr", [True, False])
+def test_learning_rate_scales_with_the_fleet_below_its_initial_size(small_ratings, tmp_path, scale_lr):
+    data_dir, _ = small_ratings
+    spec = _spec(data_dir, tmp_path, workers=4, **{"sync.mode": "bsp", "stop.max_epochs": 2, "hyper.lr_decay": 1.0,
+                                                   "scaling.scale_lr": scale_lr})
+    LearningRateProbe.seen = []
+    policy = ScriptedPolicy({3: ScaleDecision("evict", 1, "a"), 6: ScaleDecision("evict", 1, "b")})
+    report, *_ = _run_threads(spec, data_dir, policy, LearningRateProbe)
+    assert [h["workers"] for h in report["history"]][-1] == 2
+    base = spec.hyper.lr
+    by_fleet = {fleet: sorted({lr for _, f, lr in LearningRateProbe.seen if f == fleet}) for fleet in (4, 3, 2)}
+    # Linear scaling rule: p/P of the base rate (or the base rate throughout when off).
+    want = {p: base * p / 4 if scale_lr else base for p in (4, 3, 2)}
+    assert by_fleet == {p: [pytest.approx(lr, rel=1e-12)] for p, lr in want.items()}
+
+
 def test_schedule_scales_out_at_an_epoch_boundary_without_breaking_the_barrier(small_ratings, tmp_path):
     """Real processes over Redis: a third worker joins after epoch 1 by copying a replica."""
     data_dir, _ = small_ratings
