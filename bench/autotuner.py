@@ -75,6 +75,14 @@ def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict
     }
 
 
+PER_STEP = ("timeline", "tests")  # kept for the plotted (median) run only
+
+
+def summary(result: dict) -> dict:
+    """A repetition without its per-step series: the JSON stays readable."""
+    return {k: v for k, v in result.items() if k not in PER_STEP}
+
+
 def median_run(results: list[dict]) -> dict:
     """The run with the median time to target (its timeline is plotted), plus medians and spread."""
     import statistics
@@ -173,7 +181,7 @@ def main(argv=None):
             for policy in runs:  # interleaved, so machine noise hits both alike
                 runs[policy].append(run(model, data_dir, policy, args, target, hyper))
         for results in runs.values():
-            rows.append({**median_run(results), "target": target, "repeats": results})
+            rows.append({**median_run(results), "target": target, "repeats": [summary(r) for r in results]})
 
     print()
     print_table(rows, [("model", "model"), ("tuner", "tuner"), ("reached", "reached"),

@@ -153,17 +153,19 @@ def _encode_entry(parts: list, name: str, kind: int, idx: torch.Tensor, vals: to
     raw_name = name.encode()
     k = idx.numel()
     index = idx.numpy() if idx.dtype == torch.int64 else idx.to(torch.int64).numpy()
-    flags, index_bytes = 0, index.astype("<i4").tobytes()
+    flags, index_bytes = 0, None
     if k > 1:
         gaps = np.diff(index)
         if int(gaps.min()) > 0:  # sorted: a bitmap or two-byte gaps may be smaller
             bitmap_size = _U32.size + (int(index[-1]) + 8) // 8
-            if bitmap_size < min(len(index_bytes), _U32.size + 2 * (k - 1)):
+            if bitmap_size < min(4 * k, _U32.size + 2 * (k - 1)):
                 bits = np.zeros(int(index[-1]) + 1, dtype=bool)
                 bits[index] = True
                 flags, index_bytes = _BITMAP, _U32.pack(bits.size) + np.packbits(bits, bitorder="little").tobytes()
             elif int(gaps.max()) < 1 << 16:
                 flags, index_bytes = _GAPS, _U32.pack(int(index[0])) + gaps.astype("<u2").tobytes()
+    if index_bytes is None:
+        index_bytes = index.astype("<i4").tobytes()
     dim = 0
     value_bytes: list[bytes] = []
     if vals is not None:

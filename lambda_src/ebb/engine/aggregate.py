@@ -32,13 +32,14 @@ class RowMean:
 
     def __init__(self, params: dict[str, torch.Tensor]):
         self.counts = {n: torch.zeros(p.shape[0]) for n, p in params.items()}
+        self._ones = torch.ones(max(p.shape[0] for p in params.values()))  # increments, sliced per update
 
     def apply(self, params: dict[str, torch.Tensor], contributions: list[RowUpdate], scale: float = 1.0) -> None:
         """``params += scale * row_mean(contributions)``."""
         for name, counts in self.counts.items():
             touched = [t for c in contributions if (t := c.touched_rows(name)) is not None and t.numel()]
             for rows in touched:
-                counts.index_add_(0, rows, torch.ones(rows.numel()))
+                counts.index_add_(0, rows, self._ones[: rows.numel()])
             param = params[name]
             for c in contributions:
                 entry = c.rows.get(name)
