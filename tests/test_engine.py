@@ -254,3 +254,51 @@ def test_codec_masks_unsent_entries_and_packs_sorted_indices():
     for idx in ([9, 2, 5], [0, 70_000], [4], list(range(0, 300_000, 3))):  # unsorted, far apart, alone, gaps
         upd = RowUpdate({"u": (torch.tensor(idx), torch.randn(len(idx), 1))})
         assert torch.equal(RowUpdate.decode(upd.encode()).rows["u"][0], torch.tensor(idx))
+
+
+def test_quantized_filter_sends_exact_wire_values_and_keeps_the_rounding_pending():
+    torch.manual_seed(1)
+    params = {"w": torch.randn(60, 8), "b": torch.randn(60, 1)}
+    filt = SignificanceFilter(params, threshold=0.5, quantize=True)
+    plain = SignificanceFilter(params, threshold=0.5)
+    total = {n: torch.zeros_like(p) for n, p in params.items()}
+    received = {n: torch.zeros_like(p) for n, p in params.items()}
+    q_bytes = f_bytes = 0
+    for step in range(150):
+        rows = torch.unique(torch.randint(0, 60, (15,)))
+        upd = RowUpdate({"w": (rows, 0.05 * torch.randn(rows.numel(), 8)), "b": (rows, 0.05 * torch.randn(rows.numel(), 1))})
+        for n, (r, v) in upd.rows.items():
+            total[n].index_add_(0, r, v)
+        sent = filt(upd, params, step)
+        wire = sent.encode()
+        back = RowUpdate.decode(wire)
+        for n, (r, v) in sent.rows.items():  # what travels is bit for bit what the sender accounted for
+            if r.numel():
+                got = torch.zeros_like(params[n])
+                from ebb.sparse import apply_update
+                apply_update({n: got}, RowUpdate({n: back.rows[n]}) if n in back.rows else
+                             RowUpdate(elements={n: back.elements[n]}))
+                want = torch.zeros_like(params[n]).index_add_(0, r, v)
+                assert torch.equal(got, want)
+                received[n] += got
+        q_bytes += len(wire)
+        f_bytes += len(plain(upd, params, step).encode())
+    for n in params:  # nothing lost: received + pending = every local update
+        torch.testing.assert_close(received[n] + filt.pending[n], total[n], rtol=0, atol=1e-6)
+    assert 0 < q_bytes < 0.6 * f_bytes
+
+
+def test_codec_sends_a_subset_of_touched_rows_as_one_bit_per_touched_row():
+    touched = torch.arange(0, 60_000, 7)  # sparse enough that its own bitmap is large
+    sub = touched[::3]
+    vals = torch.randn(sub.numel(), 4)
+    upd = RowUpdate({"u": (sub, vals), "b": (sub, torch.randn(sub.numel(), 1))}, touched={"u": touched, "b": touched})
+    raw = upd.encode()
+    index_bytes = len(raw) - sub.numel() * 5 * 4
+    assert index_bytes < 60_000 // 8 + touched.numel() // 8 + 200  # touched bitmap + one subset bitmap + header
+    back = RowUpdate.decode(raw)
+    assert torch.equal(back.rows["u"][0], sub) and torch.equal(back.rows["u"][1], vals)
+    assert back.rows["b"][0] is back.rows["u"][0] and back.touched["b"] is back.touched["u"]
+    unsorted = torch.tensor([14, 7, 0])  # not a sorted subset: carried as its own index, order kept
+    odd = RowUpdate({"u": (unsorted, torch.randn(3, 4))}, touched={"u": touched})
+    assert torch.equal(RowUpdate.decode(odd.encode()).rows["u"][0], unsorted)

@@ -14,21 +14,28 @@ Two more things travel with an update:
 * ``elements``: single entries rather than whole rows. The ISP filter keeps only the
   significant entries of a row; a decoded update holds those as (row, flat index,
   value) triples, so applying it costs what it carries, not whole rows.
+* ``packed``: the values in a smaller exact form (``compress_rows``): int8 codes with a
+  float32 scale per row for rows ≥ 4 wide, float16 for narrower ones (a bias). The
+  float32 values in ``rows`` are exactly what the packed form decodes to, so sender and
+  readers agree bit for bit; the ISP filter keeps the rounding error pending.
 
 Wire format (little endian)::
 
-    b"EBU3" | u16 n_entries | per entry:
-        u16 name_len, name, u8 kind, u8 flags, u32 k, u32 dim, body
-    kind 0, values:   indices, then flags & MASKED ? u8[k][ceil(dim/8)] masks, u32 nnz,
-                      float32[nnz] : float32[k*dim]
-    kind 1, touched:  indices
-    kind 2, touched:  the same rows as entry number k of this update (no body)
-    indices: flags & GAPS ? u32 first, u16[k-1] gaps : flags & BITMAP ? u32 n_bits,
-             bitmap (LSB first) : int32[k]
+    b"EBU4" | u16 n_entries | per entry:
+        u16 name_len, name, u8 kind (0 values, 1 touched rows), u8 flags, u32 k, u32 dim,
+        indices, then for values: [masks], values
+    indices: flags & SAME ? u32 j (the rows of entry j)
+           : flags & SUBSET ? u32 j, bitmap over entry j's rows (LSB first)
+           : flags & GAPS ? u32 first, u16[k-1] gaps
+           : flags & BITMAP ? u32 n_bits, bitmap : int32[k]
+    masks:  flags & MASKED ? u8[k][ceil(dim/8)] per-row entry masks, u32 nnz
+    values: flags & Q8 ? bfloat16[k] row scales, int8[n] codes
+          : flags & F16 ? float16[n] : float32[n]    (n = nnz if masked, else k*dim)
 
+Touched rows go first, so the values of a row subset (ISP sends some of the rows it
+touched) cost one bit per touched row; a bias sharing its embedding's rows costs 4 bytes.
 The encoder picks the smallest index form and masks a row's entries only when that is
-smaller, so a dense update (BSP) pays nothing for the options and a filtered one (ISP)
-pays 4 bytes per value it carries plus one bit per entry of the rows it sends.
+smaller, so a dense update (BSP) pays nothing for the options.
 """
 
 from __future__ import annotations
@@ -39,19 +46,40 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-_MAGIC = b"EBU3"
+_MAGIC = b"EBU4"
 _HEAD = struct.Struct("<4sH")
 _NAME = struct.Struct("<H")
 _ENTRY = struct.Struct("<BBII")
 _U32 = struct.Struct("<I")
-_VALUES, _TOUCHED, _SAME_ROWS = 0, 1, 2
-_GAPS, _MASKED, _BITMAP = 1, 2, 4
+_VALUES, _TOUCHED = 0, 1
+_GAPS, _MASKED, _BITMAP, _Q8, _F16, _SAME, _SUBSET = 1, 2, 4, 8, 16, 32, 64
+_Q8_MIN_DIM = 4  # narrower rows pay more for a per-row scale than int8 saves: float16
+_F16_MAX = 65504.0
 # Adding one scalar by flat index costs about this many entries of a whole-row add
 # (torch's index_add_ over rows is vectorised); below 1/_ELEMENT_COST of a masked
 # entry's values present, a decoded update keeps single entries, above it whole rows.
 _ELEMENT_COST = 4
 
 Elements = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (row, flat index into the param, value)
+Packed = tuple[torch.Tensor, torch.Tensor | None]  # (int8 codes, bfloat16 row scales) or (float16 values, None)
+
+
+def compress_rows(vals: torch.Tensor) -> tuple[Packed, torch.Tensor]:
+    """Round ``vals`` [k, dim] to a compact exact form: (packed, the float32 values it stands for).
+
+    Rows ≥ 4 wide become int8 codes with one bfloat16 scale per row (≈ max |value| / 127;
+    bfloat16 has float32's range, so no row is too small to scale); narrower rows become
+    float16. The caller keeps ``vals − returned`` (error feedback). Zeros stay zeros, so
+    a masked row's absent entries stay absent.
+    """
+    if vals.shape[1] >= _Q8_MIN_DIM:
+        scales = vals.abs().amax(dim=1).div_(127.0).to(torch.bfloat16)
+        scales.masked_fill_(scales == 0, 1.0)  # an all-zero row
+        wide = scales.to(torch.float32).unsqueeze(1)
+        codes = vals.div(wide).round_().clamp_(-127, 127).to(torch.int8)
+        return (codes, scales), codes.to(torch.float32).mul_(wide)
+    half = vals.clamp(-_F16_MAX, _F16_MAX).to(torch.float16)
+    return (half, None), half.to(torch.float32)
 
 
 @dataclass
@@ -61,6 +89,7 @@ class RowUpdate:
     rows: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     touched: dict[str, torch.Tensor] | None = None  # rows the sender touched, when it differs from ``rows``
     elements: dict[str, Elements] | None = None  # single entries (decoded masked rows)
+    packed: dict[str, Packed] | None = None  # the same values as ``rows``, in their wire form
 
     def is_empty(self) -> bool:
         return (all(idx.numel() == 0 for idx, _ in self.rows.values())
@@ -79,19 +108,28 @@ class RowUpdate:
         return entry[0] if entry is not None else None
 
     def encode(self) -> bytes:
-        touched = list((self.touched or {}).items())
-        parts = [_HEAD.pack(_MAGIC, len(self.rows) + len(touched))]
-        written: list[torch.Tensor] = []  # index tensors already on the wire, by entry number
-        for name, (idx, vals) in self.rows.items():
-            _encode_entry(parts, name, _VALUES, idx, vals)
-            written.append(idx)
-        for name, idx in touched:
-            same = next((i for i, w in enumerate(written) if w is idx), None)
-            if same is not None:  # e.g. a bias shares its rows with its embedding
-                parts += [_NAME.pack(len(name.encode())), name.encode(), _ENTRY.pack(_SAME_ROWS, 0, same, 0)]
+        entries = [(name, _TOUCHED, idx, None) for name, idx in (self.touched or {}).items()]
+        entries += [(name, _VALUES, idx, vals) for name, (idx, vals) in self.rows.items()]
+        parts = [_HEAD.pack(_MAGIC, len(entries))]
+        written: list[np.ndarray] = []  # index arrays on the wire, by entry number
+        sources: list[torch.Tensor] = []
+        touched_at = {}  # name -> entry number of its touched rows
+        packed = self.packed or {}
+        for number, (name, kind, idx, vals) in enumerate(entries):
+            raw_name = name.encode()
+            index = idx.numpy() if idx.dtype == torch.int64 else idx.to(torch.int64).numpy()
+            flags, index_bytes = _encode_indices(index, idx, sources, written, touched_at.get(name))
+            dim, value_bytes = 0, []
+            if vals is not None:
+                dim = vals.shape[1] if vals.dim() == 2 else 1
+                value_flags, value_bytes = _encode_values(vals.reshape(index.size, dim), packed.get(name))
+                flags |= value_flags
             else:
-                _encode_entry(parts, name, _TOUCHED, idx, None)
-            written.append(idx)
+                touched_at[name] = number
+            parts += [_NAME.pack(len(raw_name)), raw_name, _ENTRY.pack(kind, flags, index.size, dim),
+                      *index_bytes, *value_bytes]
+            written.append(index)
+            sources.append(idx)
         return b"".join(parts)
 
     def nbytes(self) -> int:
@@ -116,44 +154,51 @@ class RowUpdate:
             off += name_len
             kind, flags, k, dim = _ENTRY.unpack_from(buf, off)
             off += _ENTRY.size
-            if kind == _SAME_ROWS:
-                touched[name] = indices[k]
-                indices.append(indices[k])
-                continue
-            idx, off = _decode_indices(buf, off, k, flags)
+            idx, off = _decode_indices(buf, off, k, flags, indices)
             indices.append(idx)
             if kind == _TOUCHED:
                 touched[name] = idx
-            elif flags & _MASKED:
+                continue
+            if flags & _MASKED:
                 width = (dim + 7) // 8
                 masks = np.frombuffer(buf, dtype=np.uint8, count=k * width, offset=off).reshape(k, width)
                 off += k * width
                 (nnz,) = _U32.unpack_from(buf, off)
                 off += _U32.size
-                pos = np.flatnonzero(np.unpackbits(masks, axis=1, count=dim, bitorder="little").view(bool))
-                carried = np.frombuffer(buf, dtype="<f4", count=nnz, offset=off)
-                off += 4 * nnz
+                present = np.unpackbits(masks, axis=1, count=dim, bitorder="little").view(bool)
                 if nnz * _ELEMENT_COST < k * dim:
-                    row = idx.numpy()[pos // dim]
-                    flat = row * dim + pos % dim
-                    elements[name] = (torch.from_numpy(row), torch.from_numpy(flat), torch.from_numpy(carried.copy()))
-                else:  # most entries present: whole rows (zeros filled in) apply faster
-                    vals = np.zeros(k * dim, dtype=np.float32)
-                    vals[pos] = carried
-                    rows[name] = (idx, torch.from_numpy(vals.reshape(k, dim)))
+                    pos = np.flatnonzero(present)
+                    row_of = pos // dim
+                    carried, off = _decode_values(buf, off, flags, k, nnz, row_of)
+                    row = idx.numpy()[row_of]
+                    elements[name] = (torch.from_numpy(row), torch.from_numpy(row * dim + pos % dim),
+                                      torch.from_numpy(carried))
+                    continue
+                vals, off = _decode_values(buf, off, flags, k, nnz, None, present)
             else:
-                # A copy: frombuffer views are read-only and tied to the source buffer.
-                vals = np.frombuffer(buf, dtype="<f4", count=k * dim, offset=off).reshape(k, dim).copy()
-                off += 4 * k * dim
-                rows[name] = (idx, torch.from_numpy(vals))
+                vals, off = _decode_values(buf, off, flags, k, k * dim, None)
+            rows[name] = (idx, torch.from_numpy(vals.reshape(k, dim)))
         return cls(rows, touched or None, elements or None)
 
 
-def _encode_entry(parts: list, name: str, kind: int, idx: torch.Tensor, vals: torch.Tensor | None) -> None:
-    raw_name = name.encode()
-    k = idx.numel()
-    index = idx.numpy() if idx.dtype == torch.int64 else idx.to(torch.int64).numpy()
-    flags, index_bytes = 0, None
+def _encode_indices(index: np.ndarray, idx: torch.Tensor, sources: list[torch.Tensor], written: list[np.ndarray],
+                    superset: int | None) -> tuple[int, list[bytes]]:
+    """(flags, bytes) of the smallest form of a row index, given the entries already written."""
+    k = index.size
+    same = next((i for i, w in enumerate(sources) if w is idx), None)
+    if same is not None:  # e.g. a bias shares its rows with its embedding
+        return _SAME, [_U32.pack(same)]
+    if superset is not None and k:
+        ref = written[superset]
+        at = np.searchsorted(ref, index)
+        # A sorted subset only: a subset decodes in its superset's order.
+        if (at[-1] < ref.size and np.array_equal(ref[np.minimum(at, ref.size - 1)], index)
+                and (k == 1 or bool((np.diff(at) > 0).all()))):
+            if k == ref.size:
+                return _SAME, [_U32.pack(superset)]
+            bits = np.zeros(ref.size, dtype=bool)
+            bits[at] = True
+            return _SUBSET, [_U32.pack(superset), np.packbits(bits, bitorder="little").tobytes()]
     if k > 1:
         gaps = np.diff(index)
         if int(gaps.min()) > 0:  # sorted: a bitmap or two-byte gaps may be smaller
@@ -161,29 +206,75 @@ def _encode_entry(parts: list, name: str, kind: int, idx: torch.Tensor, vals: to
             if bitmap_size < min(4 * k, _U32.size + 2 * (k - 1)):
                 bits = np.zeros(int(index[-1]) + 1, dtype=bool)
                 bits[index] = True
-                flags, index_bytes = _BITMAP, _U32.pack(bits.size) + np.packbits(bits, bitorder="little").tobytes()
-            elif int(gaps.max()) < 1 << 16:
-                flags, index_bytes = _GAPS, _U32.pack(int(index[0])) + gaps.astype("<u2").tobytes()
-    if index_bytes is None:
-        index_bytes = index.astype("<i4").tobytes()
-    dim = 0
-    value_bytes: list[bytes] = []
-    if vals is not None:
-        v = vals.to(torch.float32).reshape(k, -1).numpy() if k else np.zeros((0, max(1, vals.shape[-1])), np.float32)
-        dim = v.shape[1]
-        keep = v != 0
-        nnz = int(keep.sum())
-        width = (dim + 7) // 8
-        if 4 * (k * dim - nnz) > k * width + _U32.size:
-            flags |= _MASKED
-            value_bytes = [np.packbits(keep, axis=1, bitorder="little").tobytes(), _U32.pack(nnz),
-                           v[keep].astype("<f4").tobytes()]
+                return _BITMAP, [_U32.pack(bits.size), np.packbits(bits, bitorder="little").tobytes()]
+            if int(gaps.max()) < 1 << 16:
+                return _GAPS, [_U32.pack(int(index[0])), gaps.astype("<u2").tobytes()]
+    return 0, [index.astype("<i4").tobytes()]
+
+
+def _encode_values(vals: torch.Tensor, packed: Packed | None) -> tuple[int, list[bytes]]:
+    k, dim = vals.shape
+    flags, head = 0, []
+    if packed is not None and k:
+        v, scales = packed[0].reshape(k, dim).numpy(), packed[1]
+        if scales is not None:
+            flags, head = _Q8, [scales.view(torch.int16).numpy().astype("<i2", copy=False).tobytes()]
         else:
-            value_bytes = [np.ascontiguousarray(v, dtype="<f4").tobytes()]
-    parts += [_NAME.pack(len(raw_name)), raw_name, _ENTRY.pack(kind, flags, k, dim), index_bytes, *value_bytes]
+            flags = _F16
+    else:
+        v = vals.to(torch.float32).numpy()
+    keep = v != 0
+    nnz = int(np.count_nonzero(keep))
+    width = (dim + 7) // 8
+    little = v.dtype.newbyteorder("<")
+    if v.itemsize * (k * dim - nnz) > k * width + _U32.size:
+        return flags | _MASKED, [np.packbits(keep, axis=1, bitorder="little").tobytes(), _U32.pack(nnz), *head,
+                                 v[keep].astype(little, copy=False).tobytes()]
+    return flags, [*head, np.ascontiguousarray(v).astype(little, copy=False).tobytes()]
 
 
-def _decode_indices(buf: memoryview, off: int, k: int, flags: int) -> tuple[torch.Tensor, int]:
+def _decode_values(buf: memoryview, off: int, flags: int, k: int, n: int, row_of: np.ndarray | None,
+                   present: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """float32 values and the offset after them: the n carried ones in order, or, given the
+    ``present`` mask [k, dim], whole rows with zeros where nothing was carried."""
+    if flags & _Q8:
+        scales = (np.frombuffer(buf, dtype="<u2", count=k, offset=off).astype(np.uint32) << 16).view(np.float32)
+        carried = np.frombuffer(buf, dtype=np.int8, count=n, offset=off + 2 * k)
+        off += 2 * k + n
+        if present is not None:  # (a boolean-mask assignment is 4× slower than by positions)
+            codes = np.zeros(present.shape, dtype=np.int8)
+            codes.reshape(-1)[np.flatnonzero(present)] = carried
+            out = codes.astype(np.float32)
+            out *= scales[:, None]
+            return out, off
+        if row_of is not None:
+            return carried.astype(np.float32) * scales[row_of], off
+        return (carried.reshape(k, -1).astype(np.float32) * scales[:, None]).reshape(-1), off
+    size = 2 if flags & _F16 else 4
+    carried = np.frombuffer(buf, dtype="<f2" if size == 2 else "<f4", count=n, offset=off)
+    off += size * n
+    if present is not None:
+        out = np.zeros(present.shape, dtype=np.float32)
+        out.reshape(-1)[np.flatnonzero(present)] = carried
+        return out, off
+    # A copy either way: frombuffer views are read-only and tied to the source buffer.
+    return carried.astype(np.float32), off
+
+
+def _decode_indices(buf: memoryview, off: int, k: int, flags: int, earlier: list[torch.Tensor]) -> tuple[torch.Tensor, int]:
+    if flags & _SAME:
+        (j,) = _U32.unpack_from(buf, off)
+        return earlier[j], off + _U32.size
+    if flags & _SUBSET:
+        (j,) = _U32.unpack_from(buf, off)
+        ref = earlier[j]
+        nbytes = (ref.numel() + 7) // 8
+        bits = np.unpackbits(np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=off + _U32.size),
+                             count=ref.numel(), bitorder="little").view(bool)
+        idx = ref.numpy()[bits]
+        if idx.size != k:
+            raise ValueError(f"corrupt update: its row subset holds {idx.size} rows, its header says {k}")
+        return torch.from_numpy(idx), off + _U32.size + nbytes
     if flags & _GAPS:
         (first,) = _U32.unpack_from(buf, off)
         idx = np.empty(k, dtype=np.int64)

@@ -44,6 +44,8 @@ class SyncSpec(_Strict):
     mode: Literal["bsp", "ssp", "isp"] = "isp"
     significance: float = Field(0.7, ge=0, description="ISP threshold v; v_t = v / sqrt(t); 0 is BSP")
     slack: int = Field(3, ge=0, le=1000, description="SSP staleness bound s")
+    quantize: bool = Field(True, description="ISP (v > 0): send significant values as int8 with a per-row scale; "
+                                            "the rounding error stays pending (error feedback)")
 
 
 class StopSpec(_Strict):

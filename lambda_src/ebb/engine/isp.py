@@ -8,6 +8,11 @@ its significant entries (the codec masks the others out). Only the rows the mini
 touched can change, so only they are scanned. With ``v = 0`` every touched row is sent
 whole, which reproduces BSP bit for bit. (NaN, from 0/0, is never significant; δ/0 with
 δ ≠ 0 always is.)
+
+With ``quantize`` the significant values travel as int8 codes with a per-row scale
+(float16 for narrow rows, see ``ebb.sparse.compress_rows``): about a quarter of the
+bytes. What the rounding leaves out is kept in the accumulator (error feedback, as in
+1-bit SGD and EF-SGD), so the sent and pending parts still add up to every local update.
 """
 
 from __future__ import annotations
@@ -16,12 +21,12 @@ import math
 
 import torch
 
-from ebb.sparse import RowUpdate
+from ebb.sparse import Packed, RowUpdate, compress_rows
 
 
 class SignificanceFilter:
-    def __init__(self, params: dict[str, torch.Tensor], threshold: float):
-        self.threshold = threshold
+    def __init__(self, params: dict[str, torch.Tensor], threshold: float, quantize: bool = False):
+        self.threshold, self.quantize = threshold, quantize
         self.pending = {name: torch.zeros_like(p) for name, p in params.items()}
 
     def threshold_at(self, step: int) -> float:
@@ -36,20 +41,25 @@ class SignificanceFilter:
         """
         v_t = self.threshold_at(step)
         sent: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        packed: dict[str, Packed] = {}
         for name, (rows, vals) in update.rows.items():
             acc = self.pending[name]
             acc_rows = acc.index_select(0, rows).add_(vals)
             if v_t > 0:
                 significant = acc_rows.abs() > params[name].index_select(0, rows).abs().mul_(v_t)
-                any_sig = significant.any(dim=1)
-                out_rows = rows[any_sig]
-                out_vals = acc_rows[any_sig].mul_(significant[any_sig])
-                acc.index_copy_(0, rows, acc_rows.masked_fill_(significant, 0.0))
+                at = significant.any(dim=1).nonzero().squeeze(1)  # positions, not masks: cheaper to gather by
+                out_rows = rows.index_select(0, at)
+                out_vals = acc_rows.index_select(0, at).mul_(significant.index_select(0, at))
+                if self.quantize:
+                    # Error feedback: what rounding leaves out stays pending and goes later.
+                    packed[name], out_vals = compress_rows(out_vals)
+                acc_rows.index_add_(0, at, out_vals, alpha=-1.0)  # exactly 0 where sent unrounded
+                acc.index_copy_(0, rows, acc_rows)
             else:  # BSP's wire: every touched row, whole, even an all-zero one
                 out_rows, out_vals = rows, acc_rows
                 acc.index_fill_(0, rows, 0.0)
             sent[name] = (out_rows, out_vals)
-        return RowUpdate(sent, touched={name: rows for name, (rows, _) in update.rows.items()})
+        return RowUpdate(sent, touched={name: rows for name, (rows, _) in update.rows.items()}, packed=packed or None)
 
     def pending_nnz(self) -> int:
         return sum(int((p != 0).sum()) for p in self.pending.values())

@@ -120,7 +120,8 @@ class Worker:
         self.sequence = PartSequence(len(self.manifest.train.parts), spec.seed)
         self.mode = spec.sync.mode if len(start.members) > 1 or spec.scaling.policy == "schedule" else "bsp"
         self.slack = spec.sync.slack if self.mode == "ssp" else 0
-        self.filter = SignificanceFilter(self.model.params, spec.sync.significance) if self.mode == "isp" else None
+        self.filter = (SignificanceFilter(self.model.params, spec.sync.significance, spec.sync.quantize)
+                       if self.mode == "isp" else None)
         self.row_mean = RowMean(self.model.params)
         self.members, self.step, self.cursor = sorted(start.members), start.step, start.cursor
         self.clock = start.step - 1  # every step before ours is cleared
