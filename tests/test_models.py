@@ -39,11 +39,12 @@ def test_pmf_gradients_match_autograd_with_per_row_normalisation():
     p = {k: v.clone().requires_grad_(True) for k, v in model.params.items()}
     count_u = torch.bincount(u, minlength=30).float()
     count_i = torch.bincount(i, minlength=20).float()
-    err = 3.0 + p["user_bias"][u, 0] + p["item_bias"][i, 0] + (p["user"][u] * p["item"][i]).sum(1) - r
+    U, V = p["user"], p["item"]  # [rows, rank + 1]: the factors, then the bias
+    assert U.shape == (30, 5) and V.shape == (20, 5) and not model.params["user"][:, 4].any()
+    err = 3.0 + U[u, 4] + V[i, 4] + (U[u, :4] * V[i, :4]).sum(1) - r
     # Each row's gradient is the mean over its ratings in the batch: one weighted loss per side.
     g = {}
-    for name, counts, idx in (("user", count_u, u), ("item", count_i, i),
-                              ("user_bias", count_u, u), ("item_bias", count_i, i)):
+    for name, counts, idx in (("user", count_u, u), ("item", count_i, i)):
         side = (0.5 * err**2 / counts[idx]).sum()
         (grad,) = torch.autograd.grad(side, p[name], retain_graph=True)
         g[name] = grad

@@ -244,10 +244,10 @@ class Supervisor:
                            "last_sent_at": max(r["sent_at"] for r in reports.values())}
         if not self.stop_reason:
             self._scale(k, elapsed, loss, epoch, directive)
-        self.sink.step({**record, "active": len(self.members), "stop": self.stop_reason})
         self.signals.direct(trained, directive)
         # From the last announcement to the go being on its way: the protocol's own part.
         self.go_samples.append(time.monotonic() - directive["last_sent_at"])
+        self.sink.step({**record, "active": len(self.members), "stop": self.stop_reason})  # after the go: off the barrier
         self.clock = k
         # Every worker has applied the steps up to min(applied): their updates can go.
         applied = min(r["applied"] for r in reports.values())
