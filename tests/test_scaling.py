@@ -84,7 +84,7 @@ def test_eviction_folds_the_leavers_replica_in_so_unsent_updates_survive(small_r
     from ebb.data.format import decode_batch
     from ebb.engine.worker import replica_blob
 
-    leaver = decode_batch(updates.get_blob(replica_blob(evicted, 6)))
+    leaver = decode_batch(updates.get_blob(replica_blob(evicted, report["scale_events"][0]["applied_at"])))
     for snap in AveragingProbe.snapshots.values():
         for name, before in snap["before"].items():
             expected = (before + torch.from_numpy(leaver[name])) * 0.5

@@ -1,10 +1,18 @@
 """The supervisor loop (DESIGN §1–4): membership, the step barrier, loss aggregation,
 stop criteria, the scaling policy, and the final merge and evaluation.
 
-It never touches a worker's data path: it reads small reports, and for every step that
-all active workers have announced it publishes one directive (go on / evict / join /
-stop). Steps are *cleared* in order; the directive of step k is what lets BSP and ISP
-workers go past their barrier, and what tells SSP workers how far the slowest one is.
+It never touches a worker's data path: it reads small reports and writes one directive
+per step (go on / evict / join / stop). Steps are *cleared* in order; the directive of
+step k is what lets BSP and ISP workers go past their barrier, and what tells SSP
+workers how far the slowest one is.
+
+The supervisor is not on the barrier's critical path. While step k+1 runs it closes
+step k (loss, history, stop criteria, the scaling policy) and hands the signal channel
+the directive of step k+1, which the channel delivers the moment the last worker
+announces step k+1 (inside Redis, in one script). So a decision taken on step k's loss
+takes effect at barrier k+1, and membership changes from step k+2. Should the
+supervisor fall behind, the channel delivers the directive when it arrives instead:
+slower, never different.
 """
 
 from __future__ import annotations
@@ -100,7 +108,8 @@ class Supervisor:
         self.manifest = load_manifest(objects)
         self.num_parts = len(self.manifest.train.parts)
         self.loss_name = LOSS_NAMES[spec.model]
-        self.members = list(range(spec.workers))
+        self.members = list(range(spec.workers))  # the fleet of the step to close next (clock + 1)
+        self.upcoming = list(self.members)  # ... and of the step after it, as its directive decided
         self.next_id = spec.workers
         self.started_at: dict[int, float] = {}
         self.ended_at: dict[int, float] = {}
@@ -114,10 +123,11 @@ class Supervisor:
         self.history: list[dict] = []
         self.scale_events: list[dict] = []
         self.sync_samples: list[float] = []  # per worker and step: last announce -> its go received
-        self.go_samples: list[float] = []  # per step: last announce -> go published
+        self.released_late = 0  # steps whose directive came after the last announcement
         self.sync_by_step: dict[int, list[float]] = {}
         self.totals = Totals()
         self.stop_reason: str | None = None
+        self.stop_step: int | None = None  # the step whose directive says stop
         self.finals: set[int] = set()
         self.eval_seconds = 0.0  # spent scoring the test split during training
         self.test_hit: dict | None = None  # first evaluation at or below stop.target_test
@@ -144,6 +154,7 @@ class Supervisor:
 
     # -- main loop -----------------------------------------------------------------
     def start_workers(self) -> None:
+        self.signals.release(0, self.members, {"step": 0, "stop": False})
         for w in self.members:
             self.started_at[w] = time.monotonic()
             self.launcher.launch(WorkerStart(worker=w, members=list(self.members)))
@@ -158,7 +169,7 @@ class Supervisor:
                 raise EngineError(dead)
             for r in reports:
                 self._take(r)
-            while self.stop_reason is None and self._step_complete(self.clock + 1):
+            while self._step_complete(self.clock + 1) and not (self.stop_reason and self.clock >= self.stop_step):
                 self._close_step(self.clock + 1)
         return self._finish()
 
@@ -237,17 +248,12 @@ class Supervisor:
             record["cost_usd"] = cost["total_usd"]
         self.history.append(record)
 
-        self.stop_reason = self._stop_reason(loss, epoch, elapsed, cost, k)
-        senders = sorted(w for w, r in reports.items() if r["sent_bytes"])
-        self.senders[k] = senders
-        directive: dict = {"step": k, "stop": bool(self.stop_reason), "senders": senders,
-                           "last_sent_at": max(r["sent_at"] for r in reports.values())}
-        if not self.stop_reason:
-            self._scale(k, elapsed, loss, epoch, directive)
-        self.signals.direct(trained, directive)
-        # From the last announcement to the go being on its way: the protocol's own part.
-        self.go_samples.append(time.monotonic() - directive["last_sent_at"])
-        self.sink.step({**record, "active": len(self.members), "stop": self.stop_reason})  # after the go: off the barrier
+        self.senders[k] = sorted(w for w, r in reports.items() if r["sent_bytes"])
+        if self.stop_reason is None:
+            self._decide_next(k, loss, epoch, elapsed, cost)
+        else:
+            self.members = self.upcoming
+        self.sink.step({**record, "active": len(self.members), "stop": self.stop_reason})
         self.clock = k
         # Every worker has applied the steps up to min(applied): their updates can go.
         applied = min(r["applied"] for r in reports.values())
@@ -257,7 +263,25 @@ class Supervisor:
             self.senders.pop(step, None)
         self.discarded_upto = max(self.discarded_upto, applied)
 
-    def _stop_reason(self, loss: float, epoch: float, elapsed: float, cost: dict | None, k: int) -> str | None:
+    def _decide_next(self, k: int, loss: float, epoch: float, elapsed: float, cost: dict | None) -> None:
+        """Write step k+1's directive from what step k showed (stop, evict, join)."""
+        nxt = k + 1
+        trainers = self.upcoming  # who trains step k+1 and hears its directive
+        # Epochs after step k+1, so max_epochs stops where it did when decisions were immediate.
+        epoch_next = (self.cursor + len(trainers)) / self.num_parts
+        self.stop_reason = self._stop_reason(loss, epoch, epoch_next, elapsed, cost, k)
+        directive: dict = {"step": nxt, "stop": bool(self.stop_reason)}
+        after = list(trainers)
+        if self.stop_reason:
+            self.stop_step = nxt
+        else:
+            after = self._scale(k, nxt, elapsed, loss, epoch, trainers, directive)
+        if self.signals.release(nxt, trainers, directive):
+            self.released_late += 1
+        self.members, self.upcoming = trainers, after
+
+    def _stop_reason(self, loss: float, epoch: float, epoch_next: float, elapsed: float, cost: dict | None,
+                     k: int) -> str | None:
         stop = self.spec.stop
         if not math.isfinite(loss):
             raise EngineError(f"the training loss diverged at step {k} ({loss}); lower the learning rate")
@@ -267,7 +291,7 @@ class Supervisor:
             self.at_target = self.at_target + 1 if loss <= stop.target_loss else 0
             if self.at_target >= stop.patience:
                 return "converged"
-        if epoch >= stop.max_epochs:
+        if epoch_next >= stop.max_epochs:
             return "max_epochs"
         if elapsed >= stop.max_seconds:
             return "max_time"
@@ -279,39 +303,43 @@ class Supervisor:
                 return "budget"
         return None
 
-    def _scale(self, k: int, elapsed: float, loss: float, epoch: float, directive: dict) -> None:
+    def _scale(self, k: int, nxt: int, elapsed: float, loss: float, epoch: float, trainers: list[int],
+               directive: dict) -> list[int]:
+        """Ask the policy; put its decision in step ``nxt``'s directive; return the fleet after it."""
         from ebb.autotune.policies import pick_eviction
 
         self.policy.observe(k, elapsed, loss, len(self.members), epoch)
-        decision = self.policy.decide(k, elapsed, len(self.members), epoch)
+        decision = self.policy.decide(k, elapsed, len(trainers), epoch)
         if decision is None:
-            return
+            return list(trainers)
         min_workers = self.spec.scaling.min_workers
+        after = list(trainers)
+        event = {"step": k, "applied_at": nxt, "time": round(elapsed, 3), "reason": decision.reason}
         if decision.action == "evict":
             evict: list[int] = []
             for _ in range(decision.count):
-                if len(self.members) - len(evict) <= min_workers:
+                if len(trainers) - len(evict) <= min_workers:
                     break
-                candidates = {w: self.recent_loss.get(w, 0.0) for w in self.members if w not in evict}
+                candidates = {w: self.recent_loss.get(w, 0.0) for w in trainers if w not in evict}
                 evict.append(pick_eviction(candidates))
             for w in evict:
-                self.scale_events.append({"step": k, "time": round(elapsed, 3), "action": "evict", "worker": w,
-                                          "reason": decision.reason, "recent_loss": self.recent_loss.get(w)})
-            self.members = [w for w in self.members if w not in evict]
+                self.scale_events.append({**event, "action": "evict", "worker": w, "recent_loss": self.recent_loss.get(w)})
+            after = [w for w in trainers if w not in evict]
             directive["evict"] = evict
         elif decision.action == "join":
-            donor = self.members[0]
+            donor = trainers[0]
             joined = list(range(self.next_id, self.next_id + decision.count))
             self.next_id += decision.count
-            self.members = sorted(self.members + joined)
+            after = sorted(trainers + joined)
             directive["donors"] = [donor]
             for w in joined:
                 self.started_at[w] = time.monotonic()
-                self.launcher.launch(WorkerStart(worker=w, members=list(self.members), step=k + 1,
-                                                 cursor=self.cursor, donor_blob=replica_blob(donor, k)))
-                self.scale_events.append({"step": k, "time": round(elapsed, 3), "action": "join", "worker": w,
-                                          "reason": decision.reason, "donor": donor})
-        directive["members"] = list(self.members)
+                # It starts after barrier ``nxt``, from the donor's replica as of that barrier.
+                self.launcher.launch(WorkerStart(worker=w, members=list(after), step=nxt + 1,
+                                                 cursor=self.cursor + len(trainers), donor_blob=replica_blob(donor, nxt)))
+                self.scale_events.append({**event, "action": "join", "worker": w, "donor": donor})
+        directive["members"] = list(after)
+        return after
 
     def _autotune_summary(self) -> dict | None:
         """What the auto-tuner saw: its knee and every interval's s_Δ (why it did or did not evict)."""
@@ -353,7 +381,6 @@ class Supervisor:
         wall = self.elapsed()
         self.totals.worker_seconds = self.worker_seconds()
         sync = sorted(self.sync_samples)
-        go = sorted(self.go_samples)
         report = {
             "status": self.stop_reason,
             "wall_seconds": wall,
@@ -366,8 +393,8 @@ class Supervisor:
             "history": self.history,
             "totals": self.totals.as_dict(),
             "sync_overhead_ms": {"median": 1000 * sync[len(sync) // 2], "p90": 1000 * sync[int(len(sync) * 0.9)],
-                                 "samples": len(sync), "go_published_median": 1000 * go[len(go) // 2],
-                                 "first_worker_median": self._first_worker_median()} if sync else None,
+                                 "samples": len(sync), "first_worker_median": self._first_worker_median(),
+                                 "released_late": self.released_late} if sync else None,
             "scale_events": self.scale_events,
             "autotune": self._autotune_summary(),
             "eval_seconds": round(self.eval_seconds, 4),

@@ -44,7 +44,12 @@ class SignalChannel(Protocol):
         """Block up to ``timeout`` s for at least one report; return all that are waiting."""
         ...
 
-    def direct(self, workers: Iterable[int], message: dict) -> None: ...
+    def release(self, step: int, workers: list[int], directive: dict) -> bool:
+        """Deliver ``step``'s directive to ``workers`` once all of them have announced the
+        step: by the last announcement itself if this comes first (the barrier opens without
+        the supervisor), at once if they already have (→ True: the supervisor was late).
+        The channel adds ``senders`` and ``last_sent_at`` from the announcements."""
+        ...
 
     def next_directive(self, worker: int, timeout: float) -> dict | None:
         """The next directive for ``worker``, waiting up to ``timeout`` s (0: don't wait)."""

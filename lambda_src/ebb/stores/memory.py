@@ -37,17 +37,49 @@ class MemoryUpdateStore:
 
 
 class MemorySignalChannel:
+    """The same contract as the Redis channel: the step's last report or the supervisor's
+    release, whichever comes second, delivers the step's directive."""
+
     def __init__(self):
         self._reports: queue.Queue = queue.Queue()
         self._directives: dict[int, queue.Queue] = {}
         self._lock = threading.Lock()
+        self._steps: dict[int, dict] = {}  # step -> {count, senders, last_sent_at, staged}
 
     def _dq(self, worker: int) -> queue.Queue:
         with self._lock:
             return self._directives.setdefault(worker, queue.Queue())
 
+    def _step(self, t: int) -> dict:
+        return self._steps.setdefault(t, {"count": 0, "senders": [], "last_sent_at": 0.0, "staged": None})
+
+    def _deliver(self, t: int, workers: list[int], directive: dict) -> None:
+        state = self._steps.pop(t)
+        body = {**directive, "senders": sorted(state["senders"]), "last_sent_at": state["last_sent_at"]}
+        for w in workers:
+            self._directives.setdefault(w, queue.Queue()).put(dict(body))
+
     def report(self, message: dict) -> None:
+        if message.get("type") == "step":
+            with self._lock:
+                t = message["t"]
+                state = self._step(t)
+                state["count"] += 1
+                if message.get("sent_bytes"):
+                    state["senders"].append(message["w"])
+                state["last_sent_at"] = max(state["last_sent_at"], message.get("sent_at", 0.0))
+                if state["count"] >= message["expect"] and state["staged"] is not None:
+                    self._deliver(t, *state["staged"])
         self._reports.put(message)
+
+    def release(self, step: int, workers: list[int], directive: dict) -> bool:
+        with self._lock:
+            state = self._step(step)
+            if state["count"] >= len(workers):
+                self._deliver(step, list(workers), directive)
+                return True
+            state["staged"] = (list(workers), directive)
+            return False
 
     def next_reports(self, timeout: float) -> list[dict]:
         try:
@@ -59,10 +91,6 @@ class MemorySignalChannel:
                 out.append(self._reports.get_nowait())
             except queue.Empty:
                 return out
-
-    def direct(self, workers: Iterable[int], message: dict) -> None:
-        for w in workers:
-            self._dq(w).put(dict(message))
 
     def next_directive(self, worker: int, timeout: float) -> dict | None:
         try:

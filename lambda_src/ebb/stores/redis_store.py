@@ -76,20 +76,63 @@ class RedisUpdateStore:
             shard.unlink(*keys[i : i + 500])
 
 
-# Queue a report and count it; only the report that completes its step (or one that
-# must be seen at once) wakes the supervisor. One round trip per report, one wake per
-# step — the supervisor does not pay a round trip for each of P workers (MLLess §3).
-_REPORT = """
-redis.call('RPUSH', KEYS[1], ARGV[1])
-local wake = ARGV[2] == '1'
-if not wake then
-  local n = redis.call('INCR', KEYS[3])
-  redis.call('EXPIRE', KEYS[3], 3600)
-  wake = n >= tonumber(ARGV[3])
+# A step's directive is delivered by whichever of these runs second: the report that
+# completes the step, or the supervisor's release of the directive. Both are atomic
+# scripts, so exactly one delivers; when the supervisor keeps up (it decides step k+1's
+# directive while step k+1 runs), the last announcement opens the barrier inside Redis
+# and the supervisor is off the step's critical path. The directive gets the step's
+# senders (whose updates to read) and the last announcement's time on the way out.
+_DELIVER = """
+local function deliver(prefix, t, directive)
+  local d = cjson.decode(directive)
+  local to = d['to']
+  d['to'] = nil
+  local senders = {}
+  for _, w in ipairs(redis.call('LRANGE', prefix .. 'senders:' .. t, 0, -1)) do senders[#senders + 1] = tonumber(w) end
+  table.sort(senders)
+  d['senders'] = senders
+  d['last_sent_at'] = tonumber(redis.call('GET', prefix .. 'lastsent:' .. t))
+  local body = cjson.encode(d)
+  for _, w in ipairs(to) do redis.call('RPUSH', prefix .. 'dir:' .. w, body) end
+  redis.call('DEL', prefix .. 'senders:' .. t, prefix .. 'lastsent:' .. t, prefix .. 'staged:' .. t,
+             prefix .. 'count:' .. t)
 end
-if wake then redis.call('RPUSH', KEYS[2], '1') end
+"""
+
+# KEYS: reports, wake; ARGV: body, prefix, step, expect (0: not a step report), worker, sent (0/1), sent_at
+_REPORT = _DELIVER + """
+redis.call('RPUSH', KEYS[1], ARGV[1])
+if ARGV[4] == '0' then
+  redis.call('RPUSH', KEYS[2], '1')
+  return 0
+end
+local prefix, t = ARGV[2], ARGV[3]
+if ARGV[6] == '1' then redis.call('RPUSH', prefix .. 'senders:' .. t, ARGV[5]) end
+local last = redis.call('GET', prefix .. 'lastsent:' .. t)
+if not last or tonumber(last) < tonumber(ARGV[7]) then redis.call('SET', prefix .. 'lastsent:' .. t, ARGV[7]) end
+local n = redis.call('INCR', prefix .. 'count:' .. t)
+for _, k in ipairs({'senders:', 'lastsent:', 'count:'}) do redis.call('EXPIRE', prefix .. k .. t, 3600) end
+if n >= tonumber(ARGV[4]) then
+  local staged = redis.call('GET', prefix .. 'staged:' .. t)
+  if staged then deliver(prefix, t, staged) end
+  redis.call('RPUSH', KEYS[2], '1')  -- the supervisor closes the step either way
+end
 return 0
 """
+
+# ARGV: directive (with 'to'), prefix, step, number of workers; returns 1 if it was delivered at once
+_RELEASE = _DELIVER + """
+local prefix, t = ARGV[2], ARGV[3]
+local n = tonumber(redis.call('GET', prefix .. 'count:' .. t) or '0')
+if n >= tonumber(ARGV[4]) then
+  deliver(prefix, t, ARGV[1])
+  return 1
+end
+redis.call('SET', prefix .. 'staged:' .. t, ARGV[1], 'EX', 3600)
+return 0
+"""
+
+_LIST_FIELDS = ("senders", "evict", "members", "donors")
 
 
 class RedisSignalChannel:
@@ -99,14 +142,19 @@ class RedisSignalChannel:
         self.reports_key = self.prefix + "reports"
         self.wake_key = self.prefix + "wake"
         self._report = self.r.register_script(_REPORT)
+        self._release = self.r.register_script(_RELEASE)
 
     def report(self, message: dict) -> None:
         """Queue a report. A step report carries ``expect`` (the workers of its step)."""
         body = json.dumps(message, separators=(",", ":"))
-        expect = message.get("expect")
-        count_key = f"{self.prefix}count:{message.get('t', 0)}"
-        self._report(keys=[self.reports_key, self.wake_key, count_key],
-                     args=[body, "0" if expect else "1", expect or 0])
+        expect = message.get("expect") if message.get("type") == "step" else None
+        self._report(keys=[self.reports_key, self.wake_key],
+                     args=[body, self.prefix, message.get("t", 0), expect or 0, message.get("w", -1),
+                           1 if message.get("sent_bytes") else 0, repr(float(message.get("sent_at", 0.0)))])
+
+    def release(self, step: int, workers: list[int], directive: dict) -> bool:
+        body = json.dumps({**directive, "to": list(workers)}, separators=(",", ":"))
+        return bool(self._release(keys=[], args=[body, self.prefix, step, len(workers)]))
 
     def next_reports(self, timeout: float) -> list[dict]:
         if self.r.blpop([self.wake_key], timeout=timeout) is None:
@@ -117,17 +165,17 @@ class RedisSignalChannel:
         reports, _ = pipe.execute()
         return [json.loads(m) for m in reports]
 
-    def direct(self, workers: Iterable[int], message: dict) -> None:
-        body = json.dumps(message, separators=(",", ":"))
-        pipe = self.r.pipeline(transaction=False)
-        for w in workers:
-            pipe.rpush(f"{self.prefix}dir:{w}", body)
-        pipe.execute()
-
     def next_directive(self, worker: int, timeout: float) -> dict | None:
         key = f"{self.prefix}dir:{worker}"
         if timeout <= 0:
             raw = self.r.lpop(key)
-            return json.loads(raw) if raw is not None else None
-        got = self.r.blpop([key], timeout=timeout)
-        return json.loads(got[1]) if got is not None else None
+        else:
+            got = self.r.blpop([key], timeout=timeout)
+            raw = got[1] if got is not None else None
+        if raw is None:
+            return None
+        directive = json.loads(raw)
+        for name in _LIST_FIELDS:  # Lua's cjson writes an empty list as {}
+            if directive.get(name) == {}:
+                directive[name] = []
+        return directive
