@@ -185,7 +185,8 @@ def _train(r: int, P: int, cfg: dict, results) -> None:
     hit = None
     dist.barrier()
     setup_s = time.perf_counter() - t_setup
-    clock, eval_s = 0.0, 0.0
+    clock, eval_s, eval_cpu = 0.0, 0.0, 0.0
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     step = 0
     while step < max_steps:
@@ -204,7 +205,7 @@ def _train(r: int, P: int, cfg: dict, results) -> None:
         if step % eval_every and step < max_steps:
             continue
         if r == 0:
-            now = time.perf_counter()
+            now, now_cpu = time.perf_counter(), time.process_time()
             clock += now - t0
             rmse = _test_rmse(net, test)
             curve.append({"step": step, "epoch": step * P / num_parts, "seconds": clock, "test_rmse": rmse})
@@ -214,15 +215,17 @@ def _train(r: int, P: int, cfg: dict, results) -> None:
             flag.fill_(float(stop))
             t0 = time.perf_counter()
             eval_s += t0 - now
+            eval_cpu += time.process_time() - now_cpu
         dist.broadcast(flag, src=0)  # the other ranks wait here while rank 0 evaluates
         if flag.item():
             break
     if r == 0:
         clock += time.perf_counter() - t0
-    # Every rank's traffic and samples, summed outside the clock.
-    totals = torch.tensor([float(sent_bytes), float(samples)], dtype=torch.float64)
+    train_cpu = time.process_time() - cpu0 - eval_cpu
+    # Every rank's traffic, samples and CPU time, summed outside the clock.
+    totals = torch.tensor([float(sent_bytes), float(samples), train_cpu], dtype=torch.float64)
     dist.all_reduce(totals)
-    traffic, samples = totals.tolist()
+    traffic, samples, train_cpu = totals.tolist()
     if r != 0:
         return
     final = curve[-1]["test_rmse"] if curve else float("nan")
@@ -243,6 +246,9 @@ def _train(r: int, P: int, cfg: dict, results) -> None:
         "steps": step, "epochs": step * P / num_parts, "train_seconds": clock, "eval_seconds": eval_s,
         "setup_seconds": setup_s, "samples_per_s": samples / clock if clock else 0.0,
         "step_ms": 1000 * clock / step if step else 0.0, "eval_every": eval_every,
+        # CPU one rank spends per step (all ranks' process time / ranks / steps): what a step
+        # would take with a core per rank and a free network.
+        "cpu_ms_per_worker_step": 1000 * train_cpu / P / step if step else None,
         "model_params": params,
         "bytes_per_step_per_rank": traffic / P / step if step else 0.0,
         "bytes_exchanged_total": traffic, "mb_exchanged": traffic / 1e6,

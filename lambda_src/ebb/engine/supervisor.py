@@ -69,12 +69,14 @@ class Totals:
     local_nnz: int = 0
     object_gets: int = 0
     reports: int = 0
+    cpu_seconds: float = 0.0  # workers' process time over their steps (test scoring excluded)
     timing: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
                 "worker_seconds": round(self.worker_seconds, 3), "updates_sent": self.updates_sent,
                 "empty_steps": self.empty_steps, "object_gets": self.object_gets, "reports": self.reports,
+                "cpu_seconds": round(self.cpu_seconds, 3),
                 "sent_fraction": self.sent_nnz / self.local_nnz if self.local_nnz else 0.0,
                 "timing_seconds": {k: round(v, 4) for k, v in sorted(self.timing.items())}}
 
@@ -183,6 +185,7 @@ class Supervisor:
         self.totals.bytes_received += r.get("read_bytes", 0)
         self.totals.object_gets += r.get("object_gets", 0)
         self.totals.reports += 1
+        self.totals.cpu_seconds += r.get("cpu_s", 0.0)
         for k, v in r.get("timing", {}).items():
             self.totals.timing[k] = self.totals.timing.get(k, 0.0) + v
         if kind == "step":

@@ -131,6 +131,7 @@ class Worker:
         self.events: dict[int, dict] = {}  # directives by step
         self.timer = StepTimer()
         self.bytes_read = 0
+        self._cpu_mark = time.process_time()
         self.sync_overhead_s: float | None = None
         self._announce_s = 0.0
         self._next_members: list[int] | None = None
@@ -207,11 +208,12 @@ class Worker:
         self.own[t] = update
         self.timer.lap("apply")
         before = time.monotonic()
+        cpu, self._cpu_mark = time.process_time() - self._cpu_mark, time.process_time()
         self.signals.report({
             "type": "step", "w": self.me, "t": t, "loss_sum": loss_sum, "n": samples, "empty": empty,
             "sent_bytes": len(payload), "sent_nnz": sent.nnz(), "local_nnz": update.nnz(),
             "read_bytes": self.bytes_read, "applied": self.applied_upto, "position": position,
-            "timing": self.timer.take(), "sync_s": self.sync_overhead_s, "sent_at": before,
+            "timing": self.timer.take(), "cpu_s": cpu, "sync_s": self.sync_overhead_s, "sent_at": before,
             "object_gets": self.parts.gets, "test": self._test_result, "expect": len(self.members),
         })
         self.parts.gets = 0
@@ -270,11 +272,12 @@ class Worker:
         every = self.spec.stop.eval_every
         if not every or (k + 1) % every or self.me != self.members[0] or not self.manifest.test.parts:
             return
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         if self._test_parts is None:
             self._test_parts = PartCache(self.objects, self.manifest, self.model, split="test")
         metrics = self.model.evaluate(self._test_parts.get(i) for i in range(len(self.manifest.test.parts)))
         self._test_result = {"step": k, "metrics": metrics, "seconds": time.perf_counter() - started}
+        self._cpu_mark += time.process_time() - cpu  # scoring is not training: kept out of cpu_s
 
     def _act_on(self, directive: dict, k: int) -> str | None:
         """Membership changes and stop, taken at the barrier after step k is applied."""
