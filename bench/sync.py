@@ -114,6 +114,7 @@ def barrier_overhead(workers: int, steps: int = 400, seed: int = 0) -> dict:
     return {"workers": workers, "steps": report["steps"], "empty_fraction": report["totals"]["empty_steps"] /
             max(1, report["totals"]["empty_steps"] + report["totals"]["updates_sent"]),
             "sync_ms_median": statistics.median(samples), "sync_ms_p90": samples[int(0.9 * len(samples))],
+            "first_worker_ms_median": report["sync_overhead_ms"]["first_worker_median"],
             "step_ms_median": 1000 * statistics.median(
                 b["time"] - a["time"] for a, b in zip(report["history"], report["history"][1:]))}
 
@@ -169,7 +170,8 @@ def main(argv=None):
     print()
     print("announce + barrier without payload (empty ISP steps):")
     print_table(barrier, [("workers", "P"), ("steps", "steps"), ("sync_ms_median", "sync ms (median)"),
-                          ("sync_ms_p90", "sync ms (p90)"), ("step_ms_median", "step ms (median)")])
+                          ("sync_ms_p90", "sync ms (p90)"), ("first_worker_ms_median", "first worker ms (median)"),
+                          ("step_ms_median", "step ms (median)")])
     for r in rows:
         r["projected_s"] = project(r, args.link_mb_s, args.node_mb_s)
     print()
@@ -181,8 +183,10 @@ def main(argv=None):
     verdict = verdicts(rows, max(int(w) for w in args.workers.split(",")), args.link_mb_s, args.node_mb_s)
     largest = max(barrier, key=lambda b: b["workers"])
     verdict["barrier_ms_median"] = largest["sync_ms_median"]
+    verdict["barrier_first_worker_ms_median"] = largest["first_worker_ms_median"]
     verdict["lines"].append(f"announce + barrier without payload at {largest['workers']} workers: median "
-                            f"{largest['sync_ms_median']:.2f} ms (target ≤ 2 ms)")
+                            f"{largest['sync_ms_median']:.2f} ms over all workers, {largest['first_worker_ms_median']:.2f} ms "
+                            f"for the first worker of each step (target ≤ 2 ms)")
     for line in verdict["lines"]:
         print(line)
     write_json("sync-quick" if args.quick else "sync", {"shape": shape, "data_meta": meta, "target_rmse": args.target,

@@ -103,11 +103,22 @@ def test_a_failed_job_writes_a_failed_report_and_exits_1(small_ratings, tmp_path
     assert code == 1 and report["status"] == "failed" and "diverged" in report["error"]
 
 
+def test_no_quantize_flag_reaches_the_spec():
+    from ebb.cli import TRAIN_OVERRIDES, build_parser
+
+    args = build_parser().parse_args(["train", "--data", "d", "--no-quantize"])
+    spec = load_spec(overrides={field: getattr(args, flag) for flag, field in TRAIN_OVERRIDES.items()})
+    assert spec.sync.quantize is False
+    args = build_parser().parse_args(["train", "--data", "d"])
+    assert load_spec(overrides={field: getattr(args, flag) for flag, field in TRAIN_OVERRIDES.items()}).sync.quantize
+
+
 def test_help_teaches():
     r = subprocess.run([sys.executable, "-m", "ebb.cli", "train", "--help"], capture_output=True, text=True)
     assert r.returncode == 0
     for flag in ("--model", "--data", "--rank", "--lr", "--workers", "--target-loss", "--max-seconds", "--max-epochs",
-                 "--seed", "--out", "--sync", "--significance", "--slack", "--redis", "--policy", "--min-workers",
+                 "--seed", "--out", "--sync", "--significance", "--slack", "--quantize", "--no-quantize", "--redis",
+                 "--policy", "--min-workers",
                  "--budget-usd", "--memory-mb", "examples:"):
         assert flag in r.stdout
 

@@ -40,6 +40,9 @@ def _add_train(sub) -> None:
     p.add_argument("--sync", choices=["bsp", "ssp", "isp"], help="synchronisation model (default isp)")
     p.add_argument("--significance", type=float, metavar="V", help="ISP threshold v; v_t = v/sqrt(t) (default 0.7)")
     p.add_argument("--slack", type=int, metavar="S", help="SSP staleness bound (default 3)")
+    p.add_argument("--quantize", action=argparse.BooleanOptionalAction, default=None,
+                   help="ISP: send significant values as int8 with a per-row scale, the rounding kept pending "
+                        "(default on; --no-quantize sends float32)")
     p.add_argument("--redis", action="append", metavar="URL", help="use this Redis (repeat to shard) instead of a private one")
     p.add_argument("--policy", choices=["autotune", "none", "schedule"], help="scaling policy (default autotune)")
     p.add_argument("--min-workers", type=int, help="never scale in below this many workers")
@@ -58,6 +61,7 @@ def _add_train(sub) -> None:
 TRAIN_OVERRIDES = {
     "name": "name", "model": "model", "data": "data", "rank": "hyper.rank", "lr": "hyper.lr",
     "workers": "workers", "sync": "sync.mode", "significance": "sync.significance", "slack": "sync.slack",
+    "quantize": "sync.quantize",
     "redis": "redis_urls", "policy": "scaling.policy", "min_workers": "scaling.min_workers",
     "budget_usd": "stop.budget_usd", "memory_mb": "aws.memory_mb", "target_loss": "stop.target_loss", "target_test": "stop.target_test", "eval_every": "stop.eval_every",
     "max_seconds": "stop.max_seconds", "max_epochs": "stop.max_epochs", "seed": "seed", "out": "out",
