@@ -209,8 +209,8 @@ def project(row: dict, worker_mb_s: float, server_mb_s: float) -> float | None:
     slowest's: optimistic alike for both.
     """
     steps, cpu_ms = row.get("steps_to_target"), row.get("cpu_ms_per_worker_step")
-    if not steps or cpu_ms is None:
-        return None
+    if not steps or cpu_ms is None or row["config"].startswith("ssp"):
+        return None  # SSP overlaps waiting with computing: a step is not CPU + barrier + bytes
     if row["config"].startswith("ddp"):
         return steps * (cpu_ms / 1e3 + row["bytes_per_step_per_rank"] / 1e6 / worker_mb_s)
     per_step = row["steps"]
