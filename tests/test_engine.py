@@ -302,3 +302,37 @@ def test_codec_sends_a_subset_of_touched_rows_as_one_bit_per_touched_row():
     unsorted = torch.tensor([14, 7, 0])  # not a sorted subset: carried as its own index, order kept
     odd = RowUpdate({"u": (unsorted, torch.randn(3, 4))}, touched={"u": touched})
     assert torch.equal(RowUpdate.decode(odd.encode()).rows["u"][0], unsorted)
+
+
+@pytest.mark.parametrize("kind", ["redis", "memory"])
+def test_the_last_announcement_or_a_late_release_opens_the_barrier(kind, redis_url):
+    from ebb.stores.memory import MemorySignalChannel
+    from ebb.stores.redis_store import RedisSignalChannel
+
+    ch = RedisSignalChannel(redis_url, f"barrier-{time.monotonic_ns()}") if kind == "redis" else MemorySignalChannel()
+
+    def announce(w, t, sent, at):
+        ch.report({"type": "step", "w": w, "t": t, "expect": 3, "sent_bytes": 100 if sent else 0, "sent_at": at})
+
+    # Released ahead (the supervisor keeps up): nothing moves until the last of 3 announces.
+    assert ch.release(0, [0, 1, 2], {"step": 0, "stop": False, "evict": []}) is False
+    announce(2, 0, True, 10.5)
+    announce(0, 0, False, 10.25)
+    assert ch.next_directive(1, 0) is None and ch.next_directive(0, 0) is None
+    announce(1, 0, True, 10.75)
+    got = [ch.next_directive(w, 1.0) for w in range(3)]
+    assert all(d == got[0] for d in got)
+    assert got[0]["step"] == 0 and got[0]["senders"] == [1, 2] and got[0]["last_sent_at"] == 10.75
+    assert got[0]["evict"] == [] and got[0]["stop"] is False
+    # Released late (the step is complete already): delivered at once, nobody sent anything.
+    for w in range(3):
+        announce(w, 1, False, 11.0 + w)
+    assert ch.next_directive(0, 0) is None
+    assert ch.release(1, [0, 1, 2], {"step": 1, "stop": True}) is True
+    late = ch.next_directive(2, 1.0)
+    assert late["step"] == 1 and late["stop"] is True and late["senders"] == [] and late["last_sent_at"] == 13.0
+    # Every step report reaches the supervisor too.
+    seen = []
+    while batch := ch.next_reports(0.2):
+        seen += batch
+    assert sorted((r["t"], r["w"]) for r in seen) == [(t, w) for t in (0, 1) for w in range(3)]
