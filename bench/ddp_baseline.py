@@ -186,7 +186,8 @@ def _train(r: int, P: int, cfg: dict, results) -> None:
     dist.barrier()
     setup_s = time.perf_counter() - t_setup
     clock, eval_s, eval_cpu = 0.0, 0.0, 0.0
-    cpu0 = time.process_time()
+    step_cpu: list[float] = []  # this rank's process time per step, evaluation excluded
+    cpu0 = cpu_mark = time.process_time()
     t0 = time.perf_counter()
     step = 0
     while step < max_steps:
@@ -199,8 +200,10 @@ def _train(r: int, P: int, cfg: dict, results) -> None:
         loss.backward()  # DDP all-reduces (averages) the gradients here
         opt.step()
         samples += rating.numel()
+        step_cpu.append(time.process_time() - cpu_mark)
         # Sparse: coalesced gradient rows = distinct users + items of the part (counted at load).
         sent_bytes += _comm_bytes(variant, P, params, rows, rank)
+        cpu_mark = time.process_time()
         step += 1
         if step % eval_every and step < max_steps:
             continue
@@ -217,11 +220,16 @@ def _train(r: int, P: int, cfg: dict, results) -> None:
             eval_s += t0 - now
             eval_cpu += time.process_time() - now_cpu
         dist.broadcast(flag, src=0)  # the other ranks wait here while rank 0 evaluates
+        cpu_mark = time.process_time()  # rank 0's scoring and the wait for it are not a step's work
         if flag.item():
             break
     if r == 0:
         clock += time.perf_counter() - t0
     train_cpu = time.process_time() - cpu0 - eval_cpu
+    # With a core per rank a step takes as long as its busiest rank: max over ranks, step by step.
+    per_step = torch.tensor(step_cpu, dtype=torch.float64)
+    dist.all_reduce(per_step, op=dist.ReduceOp.MAX)
+    critical_cpu = float(per_step.sum())
     # Every rank's traffic, samples and CPU time, summed outside the clock.
     totals = torch.tensor([float(sent_bytes), float(samples), train_cpu], dtype=torch.float64)
     dist.all_reduce(totals)
@@ -249,6 +257,7 @@ def _train(r: int, P: int, cfg: dict, results) -> None:
         # CPU one rank spends per step (all ranks' process time / ranks / steps): what a step
         # would take with a core per rank and a free network.
         "cpu_ms_per_worker_step": 1000 * train_cpu / P / step if step else None,
+        "cpu_ms_critical_per_step": 1000 * critical_cpu / step if step else None,
         "model_params": params,
         "bytes_per_step_per_rank": traffic / P / step if step else 0.0,
         "bytes_exchanged_total": traffic, "mb_exchanged": traffic / 1e6,

@@ -70,13 +70,14 @@ class Totals:
     object_gets: int = 0
     reports: int = 0
     cpu_seconds: float = 0.0  # workers' process time over their steps (test scoring excluded)
+    cpu_critical_seconds: float = 0.0  # per step, the busiest worker's process time, summed over steps
     timing: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
                 "worker_seconds": round(self.worker_seconds, 3), "updates_sent": self.updates_sent,
                 "empty_steps": self.empty_steps, "object_gets": self.object_gets, "reports": self.reports,
-                "cpu_seconds": round(self.cpu_seconds, 3),
+                "cpu_seconds": round(self.cpu_seconds, 3), "cpu_critical_seconds": round(self.cpu_critical_seconds, 3),
                 "sent_fraction": self.sent_nnz / self.local_nnz if self.local_nnz else 0.0,
                 "timing_seconds": {k: round(v, 4) for k, v in sorted(self.timing.items())}}
 
@@ -231,6 +232,8 @@ class Supervisor:
         t = self.totals
         sent = sum(r["sent_bytes"] for r in reports.values())
         t.bytes_sent += sent
+        # With a core per worker a step takes as long as its busiest worker's CPU.
+        t.cpu_critical_seconds += max(r.get("cpu_s", 0.0) for r in reports.values())
         t.updates_sent += sum(not r["empty"] for r in reports.values())
         t.empty_steps += sum(r["empty"] for r in reports.values())
         sent_nnz = sum(r["sent_nnz"] for r in reports.values())
