@@ -252,8 +252,7 @@ def verdicts(rows, workers, worker_mb_s: float | None = None, server_mb_s: float
         out["lines"].append(f"Ebb {best_name} vs the fastest DDP ({fastest['config']}): "
                             f"{out['speedup_vs_ddp']:.2f}× sooner to target (target ≥ 3)")
     if worker_mb_s:
-        proj = {k: project(r, worker_mb_s, server_mb_s) for k, r in at.items()}
-        proj = {k: v for k, v in proj.items() if v is not None}
+        proj = {k: r["projected_s"] for k, r in at.items() if r.get("projected_s") is not None}
         isp_name = min((k for k in proj if k.startswith("isp")), key=proj.get, default=None)
         if isp_name and "bsp" in proj:
             out["projected"] = {"worker_mb_s": worker_mb_s, "server_mb_s": server_mb_s, "seconds": proj,

@@ -15,7 +15,7 @@ Two more things travel with an update:
   significant entries of a row; a decoded update holds those as (row, flat index,
   value) triples, so applying it costs what it carries, not whole rows.
 * ``packed``: the values in a smaller exact form (``compress_rows``): int8 codes with a
-  float32 scale per row for rows ≥ 4 wide, float16 for narrower ones (a bias). The
+  bfloat16 scale per row for rows ≥ 4 wide, float16 for narrower ones (a bias). The
   float32 values in ``rows`` are exactly what the packed form decodes to, so sender and
   readers agree bit for bit; the ISP filter keeps the rounding error pending.
 

@@ -36,35 +36,21 @@ class RowMean:
 
     def apply(self, params: dict[str, torch.Tensor], contributions: list[RowUpdate], scale: float = 1.0) -> None:
         """``params += scale * row_mean(contributions)``."""
-        for names in self._groups(contributions):
-            counts = self.counts[names[0]]
-            touched = [t for c in contributions if (t := c.touched_rows(names[0])) is not None and t.numel()]
+        for name, counts in self.counts.items():
+            touched = [t for c in contributions if (t := c.touched_rows(name)) is not None and t.numel()]
             for rows in touched:
                 counts.index_add_(0, rows, self._ones[: rows.numel()])
+            param = params[name]
             for c in contributions:
-                divisors: dict[int, torch.Tensor] = {}  # by row tensor: a bias shares its embedding's rows
-                for name in names:
-                    param = params[name]
-                    entry = c.rows.get(name)
-                    if entry is not None and entry[0].numel():
-                        rows, vals = entry
-                        divisor = divisors.get(id(rows))
-                        if divisor is None:
-                            divisor = divisors[id(rows)] = counts.index_select(0, rows).clamp_(min=1).unsqueeze(1)
-                        param.index_add_(0, rows, vals / divisor, alpha=scale)
-                    elements = c.elements.get(name) if c.elements else None
-                    if elements is not None and elements[0].numel():
-                        rows, flat, vals = elements
-                        divisor = counts.index_select(0, rows).clamp_(min=1)
-                        param.view(-1).index_add_(0, flat, vals / divisor, alpha=scale)
+                entry = c.rows.get(name)
+                if entry is not None and entry[0].numel():
+                    rows, vals = entry
+                    divisor = counts.index_select(0, rows).clamp_(min=1).unsqueeze(1)
+                    param.index_add_(0, rows, vals / divisor, alpha=scale)
+                elements = c.elements.get(name) if c.elements else None
+                if elements is not None and elements[0].numel():
+                    rows, flat, vals = elements
+                    divisor = counts.index_select(0, rows).clamp_(min=1)
+                    param.view(-1).index_add_(0, flat, vals / divisor, alpha=scale)
             for rows in touched:
                 counts.index_fill_(0, rows, 0.0)
-
-    def _groups(self, contributions: list[RowUpdate]) -> list[list[str]]:
-        """Parameters whose toucher counts are the same: every contribution touched the same
-        row tensor for them (an embedding and its bias), so the counts are taken once."""
-        groups: dict[tuple, list[str]] = {}
-        for name, counts in self.counts.items():
-            key = (counts.numel(), *(id(c.touched_rows(name)) for c in contributions))
-            groups.setdefault(key, []).append(name)
-        return list(groups.values())
