@@ -5,20 +5,31 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from aws_cdk import App, Environment, Validations
 from cdk_nag import AwsSolutionsChecks
 
 from stacks.ebb_stack import EbbStack
+from stacks.settings import Settings
+
+ROOT = Path(__file__).resolve().parent
+LAMBDA_SRC = ROOT / "lambda_src"
+LAYER_DIR = ROOT / "layers" / "common"
 
 
-def build_app(outdir: str | None = None) -> App:
+def build_app(outdir: str | None = None, *, context: Mapping[str, Any] | None = None,
+              layer_dir: Path = LAYER_DIR) -> App:
+    """The app with cdk.json's context, overridden by `context` (tests) and by `-c` (the CLI)."""
     # The CDK CLI passes cdk.json's context in; a plain `python app.py` (tests) reads it here.
-    context = json.loads((Path(__file__).with_name("cdk.json")).read_text())["context"]
-    app = App(outdir=outdir, context=context) if outdir else App(context=context)
+    defaults = json.loads((ROOT / "cdk.json").read_text())["context"]
+    app = App(outdir=outdir, context={**defaults, **(context or {})})
+    settings = Settings.from_context(app.node.try_get_context)
     env = Environment(account=os.environ.get("CDK_DEFAULT_ACCOUNT"), region=os.environ.get("CDK_DEFAULT_REGION"))
-    EbbStack(app, app.node.try_get_context("ebb:stackName") or "Ebb", env=env)
+    EbbStack(app, settings.stack_name, settings=settings, lambda_src=LAMBDA_SRC, layer_dir=layer_dir, env=env,
+             description="Ebb: sparse ML training on a shrinking fleet of Lambda workers")
     Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return app
 

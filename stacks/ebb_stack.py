@@ -1,17 +1,71 @@
-"""The Ebb stack: composes the constructs; sizes and counts come from CDK context."""
+"""The Ebb stack: composes the constructs and declares the outputs of docs/AWS.md; no logic of its own."""
 
 from __future__ import annotations
 
-from aws_cdk import CfnOutput, Stack
+from pathlib import Path
+
+from aws_cdk import CfnOutput, RemovalPolicy, Stack
 from constructs import Construct
 
+from stacks.cache import Cache
+from stacks.compute import Compute
+from stacks.dashboard import Dashboard
+from stacks.messaging import Messaging
+from stacks.network import Network
+from stacks.settings import Settings
 from stacks.storage import Storage
+from stacks.workflow import Workflow
+
+METRICS_NAMESPACE = "Ebb"
 
 
 class EbbStack(Stack):
-    def __init__(self, scope: Construct, construct_id: str, **kwargs) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings, lambda_src: Path,
+                 layer_dir: Path, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        retain = bool(self.node.try_get_context("ebb:retainData") or False)
-        self.storage = Storage(self, "Storage", retain=retain)
-        CfnOutput(self, "DataBucket", value=self.storage.data.bucket_name,
+        s = settings
+        # Only the data may outlive the stack (ebb:retainData): the rest is rebuilt by the next
+        # deploy, and a kept queue (fixed names) would even block it.
+        removal = RemovalPolicy.DESTROY
+        retention = s.log_retention
+
+        self.network = Network(
+            self, "Network", max_azs=s.max_azs, egress=s.egress, interface_endpoints=s.interface_endpoints,
+            endpoint_azs=s.endpoint_azs, log_retention=retention, removal_policy=removal)
+        self.storage = Storage(
+            self, "Storage", retain=s.retain_data, existing_bucket_name=s.data_bucket_name,
+            checkpoint_expiry_days=s.checkpoint_expiry_days,
+            scratch_expiry_days=s.scratch_expiry_days)
+        self.cache = Cache(
+            self, "Cache", vpc=self.network.vpc, subnet_ids=self.network.private_subnet_ids,
+            clients=self.network.functions_security_group, mode=s.cache_mode, engine=s.cache_engine,
+            node_type=s.cache_node_type, shards=s.cache_shards, replicas=s.cache_replicas,
+            serverless_max_gb=s.cache_serverless_max_gb, removal_policy=removal)
+        self.messaging = Messaging(
+            self, "Messaging", max_workers=s.max_workers, queue_name_prefix=f"{s.stack_name}-worker-",
+            removal_policy=removal)
+        self.compute = Compute(
+            self, "Compute", lambda_src=lambda_src, layer_dir=layer_dir, architecture=s.architecture,
+            sizes=s.functions, log_retention=retention, removal_policy=removal, vpc=self.network.vpc,
+            vpc_subnets=self.network.private_subnets, security_group=self.network.functions_security_group,
+            bucket=self.storage.data, cache=self.cache, messaging=self.messaging, max_workers=s.max_workers,
+            metrics_namespace=METRICS_NAMESPACE)
+        self.workflow = Workflow(
+            self, "Workflow", functions=self.compute.functions, max_workers=s.max_workers,
+            log_retention=retention, removal_policy=removal)
+        self.dashboard = Dashboard(
+            self, "Dashboard", metrics_namespace=METRICS_NAMESPACE, functions=self.compute.functions,
+            cache=self.cache, supervisor_queue=self.messaging.supervisor_queue,
+            worker_queues=self.messaging.worker_queues, dead_letters=self.messaging.dead_letters,
+            state_machine=self.workflow.state_machine, alarm_topic=self.messaging.events_topic)
+
+        # docs/AWS.md "Stack outputs": read by `ebb submit`, `ebb watch` and `ebb report`.
+        CfnOutput(self, "StateMachineArn", value=self.workflow.state_machine.state_machine_arn,
+                  description="the training state machine: one execution per job")
+        CfnOutput(self, "DataBucketName", value=self.storage.data.bucket_name,
                   description="datasets, checkpoints, models and reports")
+        CfnOutput(self, "EventsTopicArn", value=self.messaging.events_topic.topic_arn,
+                  description="subscribe to hear of finished and failed jobs and of alarms")
+        CfnOutput(self, "DashboardName", value=self.dashboard.dashboard_name,
+                  description="the CloudWatch dashboard")
+        CfnOutput(self, "DashboardUrl", value=self.dashboard.url, description="the CloudWatch dashboard")

@@ -1,0 +1,74 @@
+"""Infrastructure tests: each variant of the CDK app is synthesised once per session and shared.
+
+- `default`: cdk.json as it ships.
+- `scaled`: a large deployment: 64 workers (Distributed Map), NAT egress, a sharded and
+  replicated cache, worker concurrency reserved, the data kept on `cdk destroy`.
+- `serverless`: the serverless cache, Valkey engine, and a data bucket kept from an earlier
+  deployment (imported, not created).
+
+cdk-nag runs in every synthesis and any unacknowledged finding makes it raise, so each
+fixture is also a nag check of its variant. Run this layer alone with
+`pytest tests/infra` (or `-m infra`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from infra_helpers import ROOT, SCALED, SERVERLESS, Synthesis, cdk_cli_synth, synthesise
+
+# The two slow checks run as subprocesses started as early as possible, so that they overlap
+# the in-process syntheses: `npx cdk synth` at the start of the session, cfn-lint right after
+# each synthesis. Each starts only when the test that reads it is selected.
+CLI_TEST = "test_npx_cdk_synth_works_offline"
+LINT_TEST = "test_cfn_lint_is_clean"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if Path(str(item.fspath)).parent == Path(__file__).parent:
+            item.add_marker(pytest.mark.infra)
+
+
+def _selected(request, name: str) -> bool:
+    return any(item.name == name for item in request.session.items)
+
+
+def _stop(process) -> None:
+    if process is not None and process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cli_synth(request, tmp_path_factory):
+    """(process, outdir) of `npx cdk synth`, started when the first infrastructure test runs."""
+    if not _selected(request, CLI_TEST) or not (ROOT / "node_modules" / ".bin" / "cdk").exists():
+        yield None, None
+        return
+    outdir = tmp_path_factory.mktemp("cdk-cli")
+    process = cdk_cli_synth(outdir)
+    yield process, outdir
+    _stop(process)
+
+
+def _variant(request, tmp_path_factory, name: str, context: dict | None):
+    synth = synthesise(tmp_path_factory.mktemp(f"cdk-{name}"), context, lint=_selected(request, LINT_TEST))
+    yield synth
+    _stop(synth.lint)
+
+
+@pytest.fixture(scope="session")
+def default(request, tmp_path_factory) -> Synthesis:
+    yield from _variant(request, tmp_path_factory, "default", None)
+
+
+@pytest.fixture(scope="session")
+def scaled(request, tmp_path_factory) -> Synthesis:
+    yield from _variant(request, tmp_path_factory, "scaled", SCALED)
+
+
+@pytest.fixture(scope="session")
+def serverless(request, tmp_path_factory) -> Synthesis:
+    yield from _variant(request, tmp_path_factory, "serverless", SERVERLESS)
