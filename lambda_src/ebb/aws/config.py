@@ -1,0 +1,45 @@
+"""The environment the stack gives every function (docs/AWS.md), read once.
+
+Each function gets only the variables it needs, so a variable is checked when a handler
+asks for what needs it: the cache's (``ebb.stores.elasticache.CacheConfig``) and the
+SNS/SQS channel's (``SnsSqsSignalChannel.from_env``) are parsed there, from the snapshot
+kept here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cache
+
+
+class ConfigError(RuntimeError):
+    """A variable the stack should have set is missing or malformed."""
+
+
+@dataclass(frozen=True)
+class AwsConfig:
+    bucket: str
+    max_workers: int = 64
+    events_topic_arn: str | None = None
+    metrics_namespace: str = "Ebb"
+    env: dict[str, str] = field(default_factory=dict, repr=False)  # the snapshot the stores read theirs from
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> AwsConfig:
+        env = dict(os.environ if env is None else env)
+        if not env.get("EBB_BUCKET"):
+            raise ConfigError("EBB_BUCKET is not set: this function runs only inside the deployed Ebb stack")
+        try:
+            max_workers = int(env.get("EBB_MAX_WORKERS", "64"))
+        except ValueError:
+            raise ConfigError(f"EBB_MAX_WORKERS must be an integer, got {env['EBB_MAX_WORKERS']!r}") from None
+        return cls(bucket=env["EBB_BUCKET"], max_workers=max_workers,
+                   events_topic_arn=env.get("EBB_EVENTS_TOPIC_ARN") or None,
+                   metrics_namespace=env.get("EBB_METRICS_NAMESPACE", "Ebb"), env=env)
+
+
+@cache
+def aws_config() -> AwsConfig:
+    """The function's configuration, read from its environment on first use."""
+    return AwsConfig.from_env()

@@ -1,0 +1,82 @@
+"""The declared events and results of every handler (docs/AWS.md, "Handler events").
+
+Nothing large travels here: S3 keys, ids and counters only (Step Functions' 256 KB
+state limit). A malformed event fails with the field it lacks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # Step Functions may pass more state than a handler reads
+
+
+class ValidateEvent(_Event):
+    spec: dict[str, Any]
+    execution: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,80}$")
+
+
+class JobRef(_Event):
+    job_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,80}$")
+    spec_key: str
+
+
+class ValidateResult(JobRef):
+    prepare: bool
+    round: int = 0
+    workers: list[int]
+
+
+class PrepareResult(BaseModel):
+    manifest_key: str
+    train_parts: int
+    train_rows: int
+    test_rows: int
+
+
+class RoundEvent(JobRef):
+    round: int = Field(ge=0)
+
+
+class RoundResult(BaseModel):
+    status: Literal["finished", "unfinished"]
+    round: int
+    workers: list[int]
+    steps: int
+    stop_reason: str | None
+
+
+class WorkerEvent(RoundEvent):
+    worker: int = Field(ge=0)
+
+
+class WorkerResult(BaseModel):
+    worker: int
+    outcome: Literal["unfinished", "stopped", "evicted"]
+
+
+class FinalizeResult(BaseModel):
+    status: str
+    report_key: str
+    model_key: str
+
+
+class StateError(_Event):
+    Error: str = ""
+    Cause: str = ""
+
+
+class FailureEvent(_Event):
+    job_id: str | None = None
+    spec_key: str | None = None
+    failed_state: str = "unknown"
+    error: StateError = Field(default_factory=StateError)
+
+
+class FailureResult(BaseModel):
+    status: Literal["failed"] = "failed"
+    report_key: str | None

@@ -1,0 +1,1 @@
+"""One thin module per Lambda function: parse the event, call the engine, return."""

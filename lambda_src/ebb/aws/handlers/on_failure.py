@@ -1,0 +1,67 @@
+"""OnFailure: a ``failed`` report saying which state failed and why, and a "job failed" event.
+
+A zip function (no numpy): it writes the report as JSON itself, keeping what the job
+had done — steps, rounds and history up to the last complete round, and the progress
+written since.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from aws_lambda_powertools import Logger
+
+from ebb.aws.config import aws_config
+from ebb.aws.contract import FailureEvent, FailureResult
+from ebb.aws.jobs import PROGRESS_KEY, Job
+from ebb.aws.notify import publish_job_event
+from ebb.engine import checkpoint
+
+logger = Logger(service="ebb-on-failure")
+
+
+def describe(failed_state: str, error: str, cause: str) -> str:
+    """One line: the state, the exception type and its message (Lambda puts them in Cause)."""
+    try:
+        doc = json.loads(cause)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and ("errorMessage" in doc or "errorType" in doc):
+        return f"{failed_state} failed: {doc.get('errorType') or error}: {doc.get('errorMessage', '')}".rstrip(": ")
+    return f"{failed_state} failed: {error}: {cause}".rstrip(": ")
+
+
+@logger.inject_lambda_context
+def handler(event: dict, context) -> dict:
+    req = FailureEvent.model_validate(event)
+    config = aws_config()
+    logger.append_keys(job_id=req.job_id)
+    message = describe(req.failed_state, req.error.Error, req.error.Cause)
+    report: dict = {"status": "failed", "error": message, "failed_state": req.failed_state}
+    report_key = None
+    if req.job_id and req.spec_key:
+        job = Job.load(config, req.job_id, req.spec_key)
+        report.update(_progress_so_far(job))
+        report["spec"] = job.spec.model_dump(mode="json")
+        job.out.put("report.json", json.dumps(report, indent=2, default=str).encode())
+        job.write_progress({"state": "failed", "error": message, "updated_at": time.time()})
+        report_key = f"{job.spec.out_location.rstrip('/')}/report.json"
+    publish_job_event(config, "job.failed", req.job_id or "(not started)", {"error": message, "report": report_key})
+    logger.error("job failed", extra={"failed_state": req.failed_state, "error": message})
+    return FailureResult(report_key=report_key).model_dump()
+
+
+def _progress_so_far(job: Job) -> dict:
+    """Steps, rounds and history of the last complete round, and the latest progress."""
+    out: dict = {}
+    done = checkpoint.latest(job.checkpoints)
+    if done is not None:
+        state = checkpoint.read_supervisor(job.checkpoints, done["round"])
+        out.update({"steps": state["clock"] + 1, "rounds": done["round"] + 1, "history": state["history"],
+                    "scale_events": state["scale_events"], "wall_seconds": state["elapsed"]})
+    try:
+        out["last_progress"] = json.loads(job.out.get(PROGRESS_KEY))
+    except KeyError:
+        pass
+    return out

@@ -1,0 +1,39 @@
+"""Supervisor: one round of the control loop; returns finished or unfinished."""
+
+from __future__ import annotations
+
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
+
+from ebb.aws.config import aws_config
+from ebb.aws.contract import RoundEvent, RoundResult
+from ebb.aws.jobs import Job
+from ebb.aws.launcher import MapLauncher
+from ebb.aws.metrics import CloudWatchSink
+from ebb.engine.preflight import preflight
+from ebb.engine.supervisor import Supervisor
+
+logger = Logger(service="ebb-supervisor")
+copy_config_to_registered_loggers(source_logger=logger, include={"ebb"})
+ROUND_MARGIN_S = 90.0  # of the function's time: the last steps, every checkpoint, our own state
+
+
+@logger.inject_lambda_context
+def handler(event: dict, context) -> dict:
+    req = RoundEvent.model_validate(event)
+    logger.append_keys(job_id=req.job_id, round=req.round)
+    job = Job.load(aws_config(), req.job_id, req.spec_key)
+    round_seconds = context.get_remaining_time_in_millis() / 1000 - ROUND_MARGIN_S
+    if round_seconds < ROUND_MARGIN_S / 3:
+        raise RuntimeError(f"the supervisor function's timeout leaves {round_seconds:.0f} s for a round after its "
+                           f"{ROUND_MARGIN_S:g} s margin: give it a longer timeout (CDK context)")
+    if req.round == 0:
+        preflight(job.spec, job.data)  # a broken dataset fails the job before anyone trains
+    sink = CloudWatchSink(job)
+    supervisor = Supervisor(job.spec, data=job.data, checkpoints=job.checkpoints, updates=job.update_store(),
+                            signals=job.channel(req.round), launcher=MapLauncher(),
+                            round_=req.round, sink=sink, round_seconds=round_seconds)
+    result = supervisor.run_round()
+    sink.flush()
+    logger.info("round over", extra={"step": result["steps"] - 1, "status": result["status"]})
+    return RoundResult(**result).model_dump()

@@ -1,0 +1,21 @@
+"""Job events for people and other systems: "job finished" and "job failed" on the
+deployment's events topic (docs/AWS.md)."""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+
+from ebb.aws.config import AwsConfig
+
+
+def publish_job_event(config: AwsConfig, kind: str, job_id: str, detail: dict, client=None) -> None:
+    """Publish ``{"event": kind, "job_id", ...detail}``; ``kind`` is job.finished or job.failed."""
+    if not config.events_topic_arn:
+        return
+    body = {"event": kind, "job_id": job_id, **detail}
+    (client or boto3.client("sns")).publish(
+        TopicArn=config.events_topic_arn, Subject=f"Ebb {kind}: {job_id}"[:100],
+        Message=json.dumps(body, default=str),
+        MessageAttributes={"event": {"DataType": "String", "StringValue": kind}})
