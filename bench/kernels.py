@@ -112,9 +112,13 @@ def bare_adam_lr(features, sparse: bool, lr=0.02, lam=1e-6):
             t[0] += 1
             if sparse:
                 wr = w[b.features, 0]
-                logits = torch.zeros(b.label.numel()).index_add_(0, b.sample_of, wr[b.feature_of] * b.values) + bias[0, 0]
+                logits = (
+                    torch.zeros(b.label.numel()).index_add_(0, b.sample_of, wr[b.feature_of] * b.values) + bias[0, 0]
+                )
                 g = (torch.sigmoid(logits) - b.label) / b.label.numel()
-                gw = torch.zeros(b.features.numel(), 1).index_add_(0, b.feature_of, (g[b.sample_of] * b.values).unsqueeze(1))
+                gw = torch.zeros(b.features.numel(), 1).index_add_(
+                    0, b.feature_of, (g[b.sample_of] * b.values).unsqueeze(1)
+                )
                 rows = b.features
             else:
                 logits = (b.x @ w)[:, 0] + bias[0, 0]
@@ -123,6 +127,7 @@ def bare_adam_lr(features, sparse: bool, lr=0.02, lam=1e-6):
             F.binary_cross_entropy_with_logits(logits, b.label, reduction="sum").item()
             adam(w, m, v, rows, gw + lam * w.index_select(0, rows), t[0])
             adam(bias, mb, vb, torch.zeros(1, dtype=torch.long), g.sum().reshape(1, 1), t[0])
+
     return run
 
 
@@ -146,6 +151,7 @@ def autograd_pmf(users, items, rank, lr=0.05):
             loss = F.mse_loss(model(u, i), r)
             loss.backward()
             opt.step()
+
     return run
 
 
@@ -172,31 +178,50 @@ def main(argv=None):
     raw = ratings_batches(n, users, items)
     ebb = PMF(users, items, rank=rank, lr=0.02, momentum=0.9, l2=0.05, init_std=0.1, global_mean=3.0, seed=0)
     batches = [ebb.to_batch(b) for b in raw]
-    tensors = [(torch.from_numpy(b["user"]).long(), torch.from_numpy(b["item"]).long(), torch.from_numpy(b["rating"]))
-               for b in raw]
-    contenders = {"ebb": (ebb_step(ebb), batches), "bare torch": (bare_pmf(users, items, rank), batches),
-                  "torch autograd (nn.Embedding sparse + SGD)": (autograd_pmf(users, items, rank), tensors)}
+    tensors = [
+        (torch.from_numpy(b["user"]).long(), torch.from_numpy(b["item"]).long(), torch.from_numpy(b["rating"]))
+        for b in raw
+    ]
+    contenders = {
+        "ebb": (ebb_step(ebb), batches),
+        "bare torch": (bare_pmf(users, items, rank), batches),
+        "torch autograd (nn.Embedding sparse + SGD)": (autograd_pmf(users, items, rank), tensors),
+    }
     rows += run_side_by_side("pmf", contenders, n * B, repeats)
 
     raw = sparse_batches(n)
     ebb = SparseLR(100_000, lr=0.02, l2=1e-6, seed=0)
     batches = [ebb.to_batch(b) for b in raw]
-    rows += run_side_by_side("sparse_lr", {"ebb": (ebb_step(ebb), batches),
-                                           "bare torch": (bare_adam_lr(100_000, True), batches)}, n * B, repeats)
+    rows += run_side_by_side(
+        "sparse_lr",
+        {"ebb": (ebb_step(ebb), batches), "bare torch": (bare_adam_lr(100_000, True), batches)},
+        n * B,
+        repeats,
+    )
     raw = dense_batches(n)
     ebb = DenseLR(100, lr=0.05, l2=1e-5, seed=0)
     batches = [ebb.to_batch(b) for b in raw]
-    rows += run_side_by_side("lr", {"ebb": (ebb_step(ebb), batches),
-                                    "bare torch": (bare_adam_lr(100, False), batches)}, n * B, repeats)
+    rows += run_side_by_side(
+        "lr", {"ebb": (ebb_step(ebb), batches), "bare torch": (bare_adam_lr(100, False), batches)}, n * B, repeats
+    )
 
-    print_table(rows, [("model", "model"), ("impl", "implementation"), ("samples_per_s", "samples/s"),
-                       ("vs_bare", "× bare torch")])
+    print_table(
+        rows,
+        [("model", "model"), ("impl", "implementation"), ("samples_per_s", "samples/s"), ("vs_bare", "× bare torch")],
+    )
     pmf = next(r for r in rows if r["model"] == "pmf" and r["impl"] == "ebb")
-    verdict = {"pmf_ratings_per_s": pmf["samples_per_s"], "pmf_target_1M": pmf["samples_per_s"] >= 1e6,
-               "all_models_ge_0.9x_bare": all(r["vs_bare"] >= 0.9 for r in rows if r["impl"] == "ebb")}
-    print(f"\nPMF: {pmf['samples_per_s'] / 1e6:.2f} M ratings/s on one thread (target ≥ 1 M); "
-          f"Ebb ≥ 0.9× bare torch on every model: {verdict['all_models_ge_0.9x_bare']}")
-    write_json("kernels", {"batch_size": B, "repeats": repeats, "batches": n, "rows": rows, "verdict": verdict}, args.json)
+    verdict = {
+        "pmf_ratings_per_s": pmf["samples_per_s"],
+        "pmf_target_1M": pmf["samples_per_s"] >= 1e6,
+        "all_models_ge_0.9x_bare": all(r["vs_bare"] >= 0.9 for r in rows if r["impl"] == "ebb"),
+    }
+    print(
+        f"\nPMF: {pmf['samples_per_s'] / 1e6:.2f} M ratings/s on one thread (target ≥ 1 M); "
+        f"Ebb ≥ 0.9× bare torch on every model: {verdict['all_models_ge_0.9x_bare']}"
+    )
+    write_json(
+        "kernels", {"batch_size": B, "repeats": repeats, "batches": n, "rows": rows, "verdict": verdict}, args.json
+    )
 
 
 def run_side_by_side(model, contenders, samples, repeats):
@@ -207,8 +232,10 @@ def run_side_by_side(model, contenders, samples, repeats):
         for name, (fn, batches) in contenders.items():
             speeds[name].append(measure(fn, batches, samples, 1))
     bare = statistics.median(speeds["bare torch"])
-    return [{"model": model, "impl": name, "samples_per_s": statistics.median(s),
-             "vs_bare": statistics.median(s) / bare} for name, s in speeds.items()]
+    return [
+        {"model": model, "impl": name, "samples_per_s": statistics.median(s), "vs_bare": statistics.median(s) / bare}
+        for name, s in speeds.items()
+    ]
 
 
 if __name__ == "__main__":

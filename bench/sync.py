@@ -186,14 +186,25 @@ def main(argv=None):
     largest = max(barrier, key=lambda b: b["workers"])
     verdict["barrier_ms_median"] = largest["sync_ms_median"]
     verdict["barrier_first_worker_ms_median"] = largest["first_worker_ms_median"]
-    verdict["lines"].append(f"announce + barrier without payload at {largest['workers']} workers: median "
-                            f"{largest['sync_ms_median']:.2f} ms over all workers, {largest['first_worker_ms_median']:.2f} ms "
-                            f"for the first worker of each step (target ≤ 2 ms)")
+    verdict["lines"].append(
+        f"announce + barrier without payload at {largest['workers']} workers: median "
+        f"{largest['sync_ms_median']:.2f} ms over all workers, {largest['first_worker_ms_median']:.2f} ms "
+        f"for the first worker of each step (target ≤ 2 ms)"
+    )
     for line in verdict["lines"]:
         print(line)
-    write_json("sync-quick" if args.quick else "sync", {"shape": shape, "data_meta": meta, "target_rmse": args.target,
-                                                        "rows": rows, "barrier": barrier, "verdict": verdict},
-               args.json)
+    write_json(
+        "sync-quick" if args.quick else "sync",
+        {
+            "shape": shape,
+            "data_meta": meta,
+            "target_rmse": args.target,
+            "rows": rows,
+            "barrier": barrier,
+            "verdict": verdict,
+        },
+        args.json,
+    )
 
 
 def project(row: dict, worker_mb_s: float, server_mb_s: float) -> float | None:
@@ -231,13 +242,15 @@ def verdicts(rows, workers, worker_mb_s: float | None = None, server_mb_s: float
         out["lines"].append("(BSP or ISP did not reach the target: no ratios)")
         return out
     best_name, best = min(isps.items(), key=lambda kv: kv[1]["time_to_target_s"])
-    out.update({
-        "best_isp": best_name,
-        "bytes_ratio_bsp_over_isp": bsp["mb_exchanged"] / best["mb_exchanged"],
-        "speedup_isp_vs_bsp": bsp["time_to_target_s"] / best["time_to_target_s"],
-        "rmse_rel_diff": abs(best["final_test_rmse"] - bsp["final_test_rmse"]) / bsp["final_test_rmse"],
-        "sync_ms_median_isp": best["sync_ms_median"],
-    })
+    out.update(
+        {
+            "best_isp": best_name,
+            "bytes_ratio_bsp_over_isp": bsp["mb_exchanged"] / best["mb_exchanged"],
+            "speedup_isp_vs_bsp": bsp["time_to_target_s"] / best["time_to_target_s"],
+            "rmse_rel_diff": abs(best["final_test_rmse"] - bsp["final_test_rmse"]) / bsp["final_test_rmse"],
+            "sync_ms_median_isp": best["sync_ms_median"],
+        }
+    )
     out["lines"] += [
         f"at {workers} workers, {best_name} vs BSP: {out['bytes_ratio_bsp_over_isp']:.1f}× fewer bytes (target ≥ 5), "
         f"{out['speedup_isp_vs_bsp']:.2f}× sooner to target (target ≥ 1.5), "
@@ -249,16 +262,25 @@ def verdicts(rows, workers, worker_mb_s: float | None = None, server_mb_s: float
     if ddp:
         fastest = min(ddp, key=lambda r: r["time_to_target_s"])
         out["speedup_vs_ddp"] = fastest["time_to_target_s"] / best["time_to_target_s"]
-        out["lines"].append(f"Ebb {best_name} vs the fastest DDP ({fastest['config']}): "
-                            f"{out['speedup_vs_ddp']:.2f}× sooner to target (target ≥ 3)")
+        out["lines"].append(
+            f"Ebb {best_name} vs the fastest DDP ({fastest['config']}): "
+            f"{out['speedup_vs_ddp']:.2f}× sooner to target (target ≥ 3)"
+        )
     if worker_mb_s:
         proj = {k: r["projected_s"] for k, r in at.items() if r.get("projected_s") is not None}
         isp_name = min((k for k in proj if k.startswith("isp")), key=proj.get, default=None)
         if isp_name and "bsp" in proj:
-            out["projected"] = {"worker_mb_s": worker_mb_s, "server_mb_s": server_mb_s, "seconds": proj,
-                                "speedup_isp_vs_bsp": proj["bsp"] / proj[isp_name], "best_isp": isp_name}
-            line = (f"modelled with a core per worker, a {worker_mb_s:g} MB/s link per worker and {server_mb_s:g} MB/s "
-                    f"at the Redis node (see project()): {isp_name} {proj['bsp'] / proj[isp_name]:.2f}× sooner than BSP")
+            out["projected"] = {
+                "worker_mb_s": worker_mb_s,
+                "server_mb_s": server_mb_s,
+                "seconds": proj,
+                "speedup_isp_vs_bsp": proj["bsp"] / proj[isp_name],
+                "best_isp": isp_name,
+            }
+            line = (
+                f"modelled with a core per worker, a {worker_mb_s:g} MB/s link per worker and {server_mb_s:g} MB/s "
+                f"at the Redis node (see project()): {isp_name} {proj['bsp'] / proj[isp_name]:.2f}× sooner than BSP"
+            )
             ddp_proj = [v for k, v in proj.items() if k.startswith("ddp")]
             if ddp_proj:
                 out["projected"]["speedup_vs_ddp"] = min(ddp_proj) / proj[isp_name]

@@ -45,3 +45,49 @@ def small_logistic(tmp_path_factory):
     prepare_dataset("libsvm", root / "data.svm", FolderObjectStore(root / "prepared"), batch_size=1000,
                     test_fraction=0.2, seed=1)
     return str(root / "prepared"), meta
+
+
+# ------------------------------------------------------------------ AWS (moto_server)
+# For tests that run a real CLI against S3, SQS, SNS, ... as a subprocess. In-process
+# tests use ``moto.mock_aws`` instead. See tests/aws_helpers.py.
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """URL (``http://127.0.0.1:PORT``) of a ``moto_server`` process shared by the session, for
+    every AWS service; stopped by pid at the end. Each test should use its own bucket/queue
+    names (``aws_helpers.unique_bucket``); the server is never reset."""
+    from aws_helpers import MotoServer
+
+    with MotoServer() as server:
+        yield server.url
+
+
+@pytest.fixture
+def moto_env(moto_server) -> dict[str, str]:
+    """Environment for a subprocess whose boto3 must reach only ``moto_server``: the current
+    environment without any ``AWS_*``, plus ``AWS_ENDPOINT_URL``, fake keys and a region.
+    A fresh dict per test, free to modify."""
+    from aws_helpers import aws_env
+
+    return aws_env(moto_server)
+
+
+@pytest.fixture(scope="session")
+def moto_s3(moto_server):
+    """A boto3 S3 client on ``moto_server``, for a test's own set-up and checks."""
+    from aws_helpers import server_client
+
+    return server_client(moto_server, "s3")
+
+
+@pytest.fixture
+def aws_mock(monkeypatch):
+    """moto in-process (``mock_aws``), with the fake credentials and region boto3 needs."""
+    from moto import mock_aws
+
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    with mock_aws():
+        yield

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+from ebb.engine.messages import EndReport, StepReport
 from ebb.stores.memory import MemorySignalChannel
 
 
 class RecordingChannel(MemorySignalChannel):
-    """The in-memory signal channel, keeping a copy of every worker report."""
+    """The in-memory signal channel, keeping every worker report it carried."""
 
     def __init__(self):
         super().__init__()
-        self.log: list[dict] = []
+        self.log: list[StepReport | EndReport] = []
 
     def report(self, message):
-        self.log.append(dict(message))
+        self.log.append(message)
         super().report(message)
+
+    def steps(self) -> list[StepReport]:
+        return [m for m in self.log if isinstance(m, StepReport)]
+
+    def ends(self, outcome: str) -> list[EndReport]:
+        return [m for m in self.log if isinstance(m, EndReport) and m.outcome == outcome]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 
 import numpy as np
@@ -12,16 +14,14 @@ import torch
 from ebb.data.format import part_key
 from ebb.engine.isp import SignificanceFilter
 from ebb.engine.striping import PartSequence, position_of
-from ebb.engine.supervisor import Supervisor
 from ebb.engine.worker import Worker, load_manifest
 from ebb.local.redis_server import RedisServer
-from ebb.local.runner import ThreadLauncher, run_local
+from ebb.local.runner import JobFailed, run_local
 from ebb.sparse import RowUpdate
 from ebb.spec import load_spec
 from ebb.stores.local import FolderObjectStore
-from ebb.stores.memory import MemoryUpdateStore
-from engine_helpers import RecordingChannel
 from ebb.stores.redis_store import RedisUpdateStore
+from engine_helpers import RecordingChannel
 
 
 def _spec(data_dir, tmp_path, **fields):
@@ -32,8 +32,13 @@ def _spec(data_dir, tmp_path, **fields):
 
 
 def test_row_update_codec_round_trips():
-    upd = RowUpdate({"user": (torch.tensor([3, 9, 1]), torch.randn(3, 5)), "bias": (torch.tensor([0]), torch.randn(1, 1)),
-                     "none": (torch.tensor([], dtype=torch.int64), torch.zeros(0, 4))})
+    upd = RowUpdate(
+        {
+            "user": (torch.tensor([3, 9, 1]), torch.randn(3, 5)),
+            "bias": (torch.tensor([0]), torch.randn(1, 1)),
+            "none": (torch.tensor([], dtype=torch.int64), torch.zeros(0, 4)),
+        }
+    )
     raw = upd.encode()
     assert len(raw) == upd.nbytes()
     back = RowUpdate.decode(raw)
@@ -81,11 +86,13 @@ def test_filter_threshold_decays_and_zero_sends_every_touched_row():
 def test_isp_with_zero_threshold_is_bsp_bit_for_bit(small_ratings, redis_url, tmp_path):
     data_dir, _ = small_ratings
     runs = {}
-    for name, sync in (("bsp", {"sync.mode": "bsp"}), ("isp0", {"sync.mode": "isp", "sync.significance": 0.0}),
-                       ("isp", {"sync.mode": "isp", "sync.significance": 0.7})):
+    for name, sync in (
+        ("bsp", {"sync.mode": "bsp"}),
+        ("isp0", {"sync.mode": "isp", "sync.significance": 0.0}),
+        ("isp", {"sync.mode": "isp", "sync.significance": 0.7}),
+    ):
         spec = _spec(data_dir, tmp_path / name, workers=3, redis_urls=[redis_url], **sync)
-        report, sup = run_local(spec)
-        runs[name] = (report, sup.replica)
+        runs[name] = run_local(spec)
     (bsp, bsp_model), (isp0, isp0_model), (isp, _) = runs["bsp"], runs["isp0"], runs["isp"]
     assert [h["loss"] for h in bsp["history"]] == [h["loss"] for h in isp0["history"]]
     for name in bsp_model:
@@ -108,12 +115,9 @@ def test_ssp_never_lets_a_worker_run_more_than_slack_ahead(small_ratings, tmp_pa
     data_dir, _ = small_ratings
     slack = 2
     spec = _spec(data_dir, tmp_path, workers=3, **{"sync.mode": "ssp", "sync.slack": slack, "stop.max_epochs": 4})
-    objects, updates, signals = FolderObjectStore(data_dir), MemoryUpdateStore(), RecordingChannel()
-    launcher = ThreadLauncher(spec, objects, updates, signals, worker_cls=_SlowWorkerZero)
-    report = Supervisor(spec, objects, updates, signals, launcher).run()
-    launcher.stop_all()
-    steps = [m for m in signals.log if m["type"] == "step"]
-    leads = [m["t"] - 1 - m["applied"] for m in steps]  # steps not yet applied from everyone
+    signals = RecordingChannel()
+    report, _ = run_local(spec, in_process=True, worker_cls=_SlowWorkerZero, signals=signals)
+    leads = [m.step - 1 - m.applied_upto for m in signals.steps()]  # steps not yet applied from everyone
     assert max(leads) == slack, "fast workers used their slack"
     assert all(lead <= slack for lead in leads)
     assert report["status"] == "max_epochs"
@@ -142,9 +146,9 @@ def test_redis_update_store_shards_by_worker_and_discards(tmp_path):
         for w in range(4):
             store.publish(7, w, bytes([w]) * 10)
         ra, rb = redis.Redis.from_url(a.url), redis.Redis.from_url(b.url)
-        assert sorted(ra.keys("ebb:job1:u:*")) == [b"ebb:job1:u:7:0", b"ebb:job1:u:7:2"]
-        assert sorted(rb.keys("ebb:job1:u:*")) == [b"ebb:job1:u:7:1", b"ebb:job1:u:7:3"]
-        assert 0 < ra.ttl("ebb:job1:u:7:0") <= 3600
+        assert sorted(ra.keys("ebb:{job1}:u:*")) == [b"ebb:{job1}:u:7:0", b"ebb:{job1}:u:7:2"]
+        assert sorted(rb.keys("ebb:{job1}:u:*")) == [b"ebb:{job1}:u:7:1", b"ebb:{job1}:u:7:3"]
+        assert 0 < ra.ttl("ebb:{job1}:u:7:0") <= 3600
         got = store.fetch(7, [0, 1, 2, 3, 4])
         assert got == {w: bytes([w]) * 10 for w in range(4)}  # worker 4 sent nothing: absent
         store.discard([7], range(4))
@@ -176,20 +180,40 @@ def test_a_crashing_worker_fails_the_job_and_leaves_nothing_running(small_rating
     data_dir, _ = small_ratings
     broken = tmp_path / "broken"
     shutil.copytree(data_dir, broken)
-    (broken / part_key("train", 1)).write_bytes(b"corrupt")
+    # A part that matches its checksum but is not a minibatch: it passes the preflight
+    # check, and the worker that reads it fails.
+    (broken / part_key("train", 5)).write_bytes(b"not an npz archive")
+    manifest = json.loads((broken / "manifest.json").read_text())
+    manifest["train"]["parts"][5]["sha256"] = hashlib.sha256(b"not an npz archive").hexdigest()
+    (broken / "manifest.json").write_text(json.dumps(manifest))
     spec = _spec(str(broken), tmp_path / "out", workers=2)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    with pytest.raises(Exception, match="worker .* died"):
+    with pytest.raises(
+        JobFailed,
+        match=r"worker \d failed after step \d+: EngineError: dataset part "
+        r"train/part-000005 cannot be read as a minibatch",
+    ) as failed:
         run_local(spec)
-    leftover = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()
-                and p.status() != psutil.STATUS_ZOMBIE]
+    report = failed.value.report
+    assert report["status"] == "failed" and report["error"] == str(failed.value)
+    assert report["steps"] >= 1 and len(report["history"]) == report["steps"]  # what it did before is kept
+    leftover = [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]
     assert leftover == []
 
 
 def test_target_test_stops_when_the_test_metric_is_reached(small_ratings, redis_url, tmp_path):
     data_dir, _ = small_ratings
-    spec = _spec(data_dir, tmp_path, workers=2, redis_urls=[redis_url],
-                 **{"stop.max_epochs": 40, "stop.target_test": 0.9, "stop.eval_every": 5})
+    spec = _spec(
+        data_dir,
+        tmp_path,
+        workers=2,
+        redis_urls=[redis_url],
+        **{"stop.max_epochs": 40, "stop.target_test": 0.9, "stop.eval_every": 5},
+    )
     report, _ = run_local(spec)
     hit = report["time_to_target_test"]
     assert report["status"] == "converged" and hit["rmse"] <= 0.9
@@ -206,7 +230,9 @@ def test_row_mean_averages_each_row_over_its_contributors():
     params = {"w": torch.zeros(8, 1), "b": torch.zeros(2, 1)}
     mean = RowMean(params)
     a = RowUpdate({"w": (torch.tensor([0, 1]), torch.tensor([[2.0], [4.0]]))})
-    b = RowUpdate({"w": (torch.tensor([1, 5]), torch.tensor([[6.0], [1.0]])), "b": (torch.tensor([0]), torch.tensor([[3.0]]))})
+    b = RowUpdate(
+        {"w": (torch.tensor([1, 5]), torch.tensor([[6.0], [1.0]])), "b": (torch.tensor([0]), torch.tensor([[3.0]]))}
+    )
     for times in (1, 2):  # the counts are clean again after each step
         mean.apply(params, [a, b])
         assert params["w"][:, 0].tolist() == [2.0 * times, 5.0 * times, 0, 0, 0, 1.0 * times, 0, 0]
@@ -220,8 +246,9 @@ def test_row_mean_divides_by_the_workers_that_touched_a_row_under_isp():
 
     own = RowUpdate({"w": (torch.tensor([0, 1]), torch.tensor([[2.0, 1.0], [4.0, 1.0]]))})
     # The other worker touched rows 1, 3 and 7 but only row 7 and one entry of row 3 were significant.
-    other_sent = RowUpdate({"w": (torch.tensor([3, 7]), torch.tensor([[0.0, 5.0], [6.0, 6.0]]))},
-                           touched={"w": torch.tensor([1, 3, 7])})
+    other_sent = RowUpdate(
+        {"w": (torch.tensor([3, 7]), torch.tensor([[0.0, 5.0], [6.0, 6.0]]))}, touched={"w": torch.tensor([1, 3, 7])}
+    )
     received = RowUpdate.decode(other_sent.encode())
     assert torch.equal(received.touched["w"], torch.tensor([1, 3, 7]))
     params = {"w": torch.zeros(9, 2)}
@@ -247,7 +274,10 @@ def test_codec_masks_unsent_entries_and_packs_sorted_indices():
     back = RowUpdate.decode(masked.encode())
     assert set(back.elements) == {"u"} and back.elements["u"][2].numel() == 1000  # carried as single entries
     assert back.nnz() == masked.nnz() == 2000 and torch.equal(back.touched["b"], rows)
-    got, want = {"u": torch.zeros(2000, 16), "b": torch.zeros(2000, 1)}, {"u": torch.zeros(2000, 16), "b": torch.zeros(2000, 1)}
+    got, want = (
+        {"u": torch.zeros(2000, 16), "b": torch.zeros(2000, 1)},
+        {"u": torch.zeros(2000, 16), "b": torch.zeros(2000, 1)},
+    )
     apply_update(got, back)
     apply_update(want, masked)
     assert all(torch.equal(got[n], want[n]) for n in got)
@@ -266,7 +296,9 @@ def test_quantized_filter_sends_exact_wire_values_and_keeps_the_rounding_pending
     q_bytes = f_bytes = 0
     for step in range(150):
         rows = torch.unique(torch.randint(0, 60, (15,)))
-        upd = RowUpdate({"w": (rows, 0.05 * torch.randn(rows.numel(), 8)), "b": (rows, 0.05 * torch.randn(rows.numel(), 1))})
+        upd = RowUpdate(
+            {"w": (rows, 0.05 * torch.randn(rows.numel(), 8)), "b": (rows, 0.05 * torch.randn(rows.numel(), 1))}
+        )
         for n, (r, v) in upd.rows.items():
             total[n].index_add_(0, r, v)
         sent = filt(upd, params, step)
@@ -276,8 +308,11 @@ def test_quantized_filter_sends_exact_wire_values_and_keeps_the_rounding_pending
             if r.numel():
                 got = torch.zeros_like(params[n])
                 from ebb.sparse import apply_update
-                apply_update({n: got}, RowUpdate({n: back.rows[n]}) if n in back.rows else
-                             RowUpdate(elements={n: back.elements[n]}))
+
+                apply_update(
+                    {n: got},
+                    RowUpdate({n: back.rows[n]}) if n in back.rows else RowUpdate(elements={n: back.elements[n]}),
+                )
                 want = torch.zeros_like(params[n]).index_add_(0, r, v)
                 assert torch.equal(got, want)
                 received[n] += got
@@ -302,37 +337,3 @@ def test_codec_sends_a_subset_of_touched_rows_as_one_bit_per_touched_row():
     unsorted = torch.tensor([14, 7, 0])  # not a sorted subset: carried as its own index, order kept
     odd = RowUpdate({"u": (unsorted, torch.randn(3, 4))}, touched={"u": touched})
     assert torch.equal(RowUpdate.decode(odd.encode()).rows["u"][0], unsorted)
-
-
-@pytest.mark.parametrize("kind", ["redis", "memory"])
-def test_the_last_announcement_or_a_late_release_opens_the_barrier(kind, redis_url):
-    from ebb.stores.memory import MemorySignalChannel
-    from ebb.stores.redis_store import RedisSignalChannel
-
-    ch = RedisSignalChannel(redis_url, f"barrier-{time.monotonic_ns()}") if kind == "redis" else MemorySignalChannel()
-
-    def announce(w, t, sent, at):
-        ch.report({"type": "step", "w": w, "t": t, "expect": 3, "sent_bytes": 100 if sent else 0, "sent_at": at})
-
-    # Released ahead (the supervisor keeps up): nothing moves until the last of 3 announces.
-    assert ch.release(0, [0, 1, 2], {"step": 0, "stop": False, "evict": []}) is False
-    announce(2, 0, True, 10.5)
-    announce(0, 0, False, 10.25)
-    assert ch.next_directive(1, 0) is None and ch.next_directive(0, 0) is None
-    announce(1, 0, True, 10.75)
-    got = [ch.next_directive(w, 1.0) for w in range(3)]
-    assert all(d == got[0] for d in got)
-    assert got[0]["step"] == 0 and got[0]["senders"] == [1, 2] and got[0]["last_sent_at"] == 10.75
-    assert got[0]["evict"] == [] and got[0]["stop"] is False
-    # Released late (the step is complete already): delivered at once, nobody sent anything.
-    for w in range(3):
-        announce(w, 1, False, 11.0 + w)
-    assert ch.next_directive(0, 0) is None
-    assert ch.release(1, [0, 1, 2], {"step": 1, "stop": True}) is True
-    late = ch.next_directive(2, 1.0)
-    assert late["step"] == 1 and late["stop"] is True and late["senders"] == [] and late["last_sent_at"] == 13.0
-    # Every step report reaches the supervisor too.
-    seen = []
-    while batch := ch.next_reports(0.2):
-        seen += batch
-    assert sorted((r["t"], r["w"]) for r in seen) == [(t, w) for t in (0, 1) for w in range(3)]

@@ -65,7 +65,12 @@ def test_logistic_gradients_match_autograd(cls):
     if cls is SparseLR:
         rows, cols = np.nonzero(x)
         indptr = np.searchsorted(rows, np.arange(n + 1)).astype(np.int64)
-        arrays = {"label": y, "indptr": indptr, "indices": cols.astype(np.int32), "values": x[rows, cols].astype(np.float32)}
+        arrays = {
+            "label": y,
+            "indptr": indptr,
+            "indices": cols.astype(np.int32),
+            "values": x[rows, cols].astype(np.float32),
+        }
     else:
         arrays = {"label": y, "x": x.astype(np.float32)}
     model = cls(d, lr=0.1, l2=0.01, seed=0)
@@ -164,8 +169,18 @@ def _plain_torch_pmf_losses(data_dir: str, hp, seed: int, steps: int) -> list[fl
 
 def test_single_worker_reproduces_plain_torch_loop_pmf(small_ratings, tmp_path):
     data_dir, _ = small_ratings
-    spec = load_spec(overrides={"model": "pmf", "data": data_dir, "workers": 1, "stop.max_epochs": 3,
-                                "hyper.rank": 6, "seed": 11, "out": str(tmp_path), "scaling.policy": "none"})
+    spec = load_spec(
+        overrides={
+            "model": "pmf",
+            "data": data_dir,
+            "workers": 1,
+            "stop.max_epochs": 3,
+            "hyper.rank": 6,
+            "seed": 11,
+            "out": str(tmp_path),
+            "scaling.policy": "none",
+        }
+    )
     report, _ = run_local(spec)
     engine_losses = [h["loss"] for h in report["history"]]
     plain = _plain_torch_pmf_losses(data_dir, spec.hyper, spec.seed, len(engine_losses))
@@ -176,9 +191,17 @@ def test_single_worker_reproduces_plain_torch_loop_pmf(small_ratings, tmp_path):
 
 def test_single_worker_engine_equals_direct_model_loop_bit_for_bit(small_logistic, tmp_path):
     data_dir, _ = small_logistic
-    spec = load_spec(overrides={"model": "sparse_lr", "data": data_dir, "stop.max_epochs": 2, "seed": 5,
-                                "out": str(tmp_path), "scaling.policy": "none"})
-    report, supervisor = run_local(spec)
+    spec = load_spec(
+        overrides={
+            "model": "sparse_lr",
+            "data": data_dir,
+            "stop.max_epochs": 2,
+            "seed": 5,
+            "out": str(tmp_path),
+            "scaling.policy": "none",
+        }
+    )
+    report, replica = run_local(spec)
     store = FolderObjectStore(data_dir)
     manifest = load_manifest(store)
     model = build_model("sparse_lr", manifest, spec.hyper, spec.seed)
@@ -191,4 +214,53 @@ def test_single_worker_engine_equals_direct_model_loop_bit_for_bit(small_logisti
         losses.append(loss_sum / n)
     assert [h["loss"] for h in report["history"]] == losses
     for name, p in model.params.items():
-        assert np.array_equal(supervisor.replica[name], p.numpy())
+        assert np.array_equal(replica[name], p.numpy())
+
+
+def test_pmf_scores_predictions_clipped_to_the_rating_range_and_trains_on_the_raw_ones():
+    def model(rating_range):
+        m = PMF(
+            30,
+            20,
+            rank=4,
+            lr=0.1,
+            momentum=0.0,
+            l2=0.05,
+            init_std=0.3,
+            global_mean=3.0,
+            seed=1,
+            rating_range=rating_range,
+        )
+        m.params["user"][:5, 4] = 4.0  # five users' predictions far above the scale
+        m.params["item"][:3, 4] = -4.0  # three items' far below it
+        return m
+
+    arrays = _ratings()
+    clipped, raw = model((1.0, 5.0)), model(None)
+    batch = clipped.to_batch(arrays)
+    pred, target = clipped.predict(batch)
+    raw_pred, _ = raw.predict(batch)
+    assert raw_pred.max() > 5.5 and raw_pred.min() < 0.5  # the raw model overshoots both ends
+    np.testing.assert_array_equal(pred, np.clip(raw_pred, 1.0, 5.0))
+    # Clipping can only bring a prediction closer to a rating inside the scale.
+    assert clipped.metrics(pred, target)["rmse"] < raw.metrics(raw_pred, target)["rmse"]
+    # Training is untouched: the loss and gradients are those of the unclipped prediction.
+    loss, _, grads = clipped.gradients(batch)
+    raw_loss, _, raw_grads = raw.gradients(batch)
+    assert loss == raw_loss == pytest.approx(float(((raw_pred - target) ** 2).sum()), rel=1e-5)
+    for name in grads:
+        torch.testing.assert_close(grads[name], raw_grads[name], rtol=0, atol=0)
+
+
+def test_build_model_takes_the_rating_range_from_the_training_split(small_ratings):
+    from ebb.models import rating_range
+
+    data_dir, _ = small_ratings
+    manifest = load_manifest(FolderObjectStore(data_dir))
+    hp = load_spec(overrides={"model": "pmf", "data": data_dir}).hyper
+    model = build_model("pmf", manifest, hp, seed=0)
+    assert model.rating_range == (manifest.stats["rating_min"], manifest.stats["rating_max"])
+    assert rating_range(manifest) == model.rating_range
+    # A manifest that does not record the range: nothing to clip to.
+    del manifest.stats["rating_min"]
+    assert build_model("pmf", manifest, hp, seed=0).rating_range is None

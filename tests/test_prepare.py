@@ -85,7 +85,9 @@ def test_shuffle_is_deterministic_per_seed(tmp_path):
         manifest = prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=100, seed=seed)
         ids = decode_batch(store.get(ID_MAP_KEY))
         parts = list(iter_parts(store, manifest, "train"))
-        return manifest, [(int(ids["user"][u]), int(ids["item"][i])) for p in parts for u, i in zip(p["user"], p["item"])]
+        return manifest, [
+            (int(ids["user"][u]), int(ids["item"][i])) for p in parts for u, i in zip(p["user"], p["item"])
+        ]
 
     first, rows_a = order(7, "a")
     again, rows_b = order(7, "b")
@@ -110,7 +112,10 @@ def test_external_shuffle_with_many_buckets_is_a_permutation(tmp_path):
     file_position = {key: k for k, key in enumerate(truth)}
     ids = decode_batch(store.get(ID_MAP_KEY))
     first_part = next(iter_parts(store, manifest, "train"))
-    positions = [file_position[(int(ids["user"][u]), int(ids["item"][i]))] for u, i in zip(first_part["user"], first_part["item"])]
+    positions = [
+        file_position[(int(ids["user"][u]), int(ids["item"][i]))]
+        for u, i in zip(first_part["user"], first_part["item"])
+    ]
     assert min(positions) < 500 and max(positions) > 4500
     assert abs(np.corrcoef(np.arange(500), positions)[0, 1]) < 0.2
 
@@ -173,7 +178,12 @@ def test_reprepare_removes_stale_parts(tmp_path):
 def test_progress_is_reported(tmp_path):
     write_unique_ratings(tmp_path / "u.data", users=600, items=500, count=250_000)
     calls = []
-    prepare_dataset("movielens", tmp_path / "u.data", FolderObjectStore(tmp_path / "s"), progress=lambda n, note: calls.append((n, note)))
+    prepare_dataset(
+        "movielens",
+        tmp_path / "u.data",
+        FolderObjectStore(tmp_path / "s"),
+        progress=lambda n, note: calls.append((n, note)),
+    )
     reading = [n for n, note in calls if note == "reading train"]
     assert reading == sorted(reading) and len(reading) >= 2
     assert (250_000, "reading train: done") in calls and (250_000, "writing parts: done") in calls
@@ -258,3 +268,161 @@ def test_unknown_format_and_bad_options(tmp_path):
         prepare_dataset("parquet", tmp_path / "u.data", store)
     with pytest.raises(ValueError, match="test_fraction"):
         prepare_dataset("movielens", tmp_path / "u.data", store, test_fraction=1.0)
+
+
+# ------------------------------------------------------------------ validation split
+
+
+def test_val_split_is_disjoint_from_train_and_test_and_covers_the_input(tmp_path):
+    truth = write_unique_ratings(tmp_path / "u.data")
+    store = FolderObjectStore(tmp_path / "store")
+    manifest = prepare_dataset(
+        "movielens", tmp_path / "u.data", store, batch_size=64, test_fraction=0.1, val_fraction=0.2, seed=3
+    )
+    assert (manifest.train.rows, manifest.val.rows, manifest.test.rows) == (700, 200, 100)
+    assert [p.key for p in manifest.val.parts] == [part_key("val", k) for k in range(4)]
+    assert [p.rows for p in manifest.val.parts] == [64, 64, 64, 8]
+    splits = {name: stored_ratings(store, manifest, name) for name in ("train", "val", "test")}
+    assert not splits["train"].keys() & splits["val"].keys()
+    assert not splits["val"].keys() & splits["test"].keys()
+    assert not splits["train"].keys() & splits["test"].keys()
+    assert {**splits["train"], **splits["val"], **splits["test"]} == truth  # every row once
+    assert manifest.stats["val_rating_mean"] == pytest.approx(np.mean(list(splits["val"].values())))
+    assert manifest.source["options"]["val_fraction"] == 0.2
+    # The manifest on the store says the same as the one returned.
+    assert load_manifest(store).val == manifest.val
+
+
+def test_val_split_is_deterministic_and_leaves_the_test_split_alone(tmp_path):
+    write_unique_ratings(tmp_path / "u.data")
+
+    def prepare(name, **kw):
+        store = FolderObjectStore(tmp_path / name)
+        manifest = prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=64, **kw)
+        return store, manifest
+
+    store_a, a = prepare("a", val_fraction=0.2, seed=3)
+    _, b = prepare("b", val_fraction=0.2, seed=3)
+    assert a.to_json() == b.to_json()  # same rows in the same parts, byte for byte (sha256)
+    store_c, c = prepare("c", val_fraction=0.2, seed=4)
+    assert stored_ratings(store_c, c, "val").keys() != stored_ratings(store_a, a, "val").keys()
+    # Without a validation split, the same seed gives the same test rows, and the
+    # validation rows are taken from what was training.
+    store_d, d = prepare("d", seed=3)
+    assert d.val.rows == 0 and d.val.parts == [] and not store_d.list("val/")
+    assert [p.sha256 for p in d.test.parts] == [p.sha256 for p in a.test.parts]
+    assert stored_ratings(store_d, d, "train").keys() == (
+        stored_ratings(store_a, a, "train").keys() | stored_ratings(store_a, a, "val").keys()
+    )
+
+
+def test_val_split_of_sparse_rows_keeps_rows_intact(tmp_path):
+    rng = np.random.default_rng(2)
+    lines = []
+    for k in range(500):
+        idx = sorted(rng.choice(np.arange(1, 60), size=1 + k % 6, replace=False))
+        lines.append(" ".join([str(k % 2)] + [f"{i}:{i / 100 + k}" for i in idx]))  # value encodes the row
+    (tmp_path / "data.svm").write_text("\n".join(lines) + "\n")
+    store = FolderObjectStore(tmp_path / "store")
+    manifest = prepare_dataset(
+        "libsvm", tmp_path / "data.svm", store, batch_size=37, test_fraction=0.2, val_fraction=0.1
+    )
+    assert (manifest.train.rows, manifest.val.rows, manifest.test.rows) == (350, 50, 100)
+    seen = {}
+    for split in ("train", "val", "test"):
+        for arrays in iter_parts(store, manifest, split):
+            for row in range(len(arrays["label"])):
+                lo, hi = arrays["indptr"][row], arrays["indptr"][row + 1]
+                k = int(np.floor(arrays["values"][lo]))
+                assert np.allclose(arrays["values"][lo:hi], arrays["indices"][lo:hi] / 100 + k, atol=1e-3)
+                assert len(arrays["indices"][lo:hi]) == 1 + k % 6 and arrays["label"][row] == k % 2
+                assert k not in seen
+                seen[k] = split
+    assert sorted(seen) == list(range(500))
+
+
+def test_val_split_with_a_separate_test_file(tmp_path):
+    write_unique_ratings(tmp_path / "ua.base", count=500, seed=1)
+    (tmp_path / "ua.test").write_text("1000\t5\t4\t0\n")  # a user and an item seen in training
+    store = FolderObjectStore(tmp_path / "store")
+    manifest = prepare_dataset(
+        "movielens", tmp_path / "ua.base", store, test_input=tmp_path / "ua.test", val_fraction=0.2, batch_size=64
+    )
+    assert (manifest.train.rows, manifest.val.rows, manifest.test.rows) == (400, 100, 1)
+
+
+def test_manifest_without_val_still_loads(tmp_path):
+    """Datasets prepared before the validation split existed have no "val" in their manifest."""
+    write_unique_ratings(tmp_path / "u.data")
+    store = FolderObjectStore(tmp_path / "store")
+    prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=64)
+    raw = json.loads(store.get(MANIFEST_KEY))
+    del raw["val"]
+    store.put(MANIFEST_KEY, json.dumps(raw).encode())
+    manifest = load_manifest(store)
+    assert manifest.val.rows == 0 and manifest.val.parts == []
+    assert list(iter_parts(store, manifest, "val")) == []
+    assert manifest.train.rows == 900
+
+
+def test_reprepare_without_val_removes_stale_val_parts(tmp_path):
+    write_unique_ratings(tmp_path / "u.data")
+    store = FolderObjectStore(tmp_path / "store")
+    prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=64, val_fraction=0.3)
+    assert store.list("val/")
+    prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=64)
+    assert store.list("val/") == []
+
+
+def test_bad_val_fraction(tmp_path):
+    (tmp_path / "u.data").write_text("1\t1\t1\t1\n")
+    store = FolderObjectStore(tmp_path / "store")
+    with pytest.raises(ValueError, match="val_fraction must be in"):
+        prepare_dataset("movielens", tmp_path / "u.data", store, val_fraction=-0.1)
+    with pytest.raises(ValueError, match="test_fraction \\+ val_fraction must be below 1"):
+        prepare_dataset("movielens", tmp_path / "u.data", store, test_fraction=0.5, val_fraction=0.5)
+
+
+def test_cli_prepare_val_fraction(tmp_path, capsys):
+    from ebb.cli import main
+
+    write_unique_ratings(tmp_path / "u.data")
+    out = tmp_path / "prep"
+    assert (
+        main(
+            [
+                "prepare",
+                "--format",
+                "movielens",
+                "--input",
+                str(tmp_path / "u.data"),
+                "--out",
+                str(out),
+                "--batch-size",
+                "100",
+                "--val-fraction",
+                "0.15",
+            ]
+        )
+        == 0
+    )
+    assert "750 train rows in 8 parts, 150 validation rows, 100 test rows" in capsys.readouterr().out
+    manifest = json.loads((out / MANIFEST_KEY).read_text())
+    assert manifest["val"]["rows"] == 150 and (out / "val" / "part-000001").is_file()
+    assert (
+        main(
+            [
+                "prepare",
+                "--format",
+                "movielens",
+                "--input",
+                str(tmp_path / "u.data"),
+                "--out",
+                str(out),
+                "--val-fraction",
+                "0.95",
+            ]
+        )
+        == 2
+    )
+    assert "--test-fraction + --val-fraction must be below 1, got 0.1 + 0.95" in capsys.readouterr().err

@@ -17,20 +17,25 @@ from ebb.stores.local import FolderObjectStore
 
 
 def _train(data_dir, tmp_path, **fields):
-    spec = load_spec(overrides={"data": str(data_dir), "out": str(tmp_path / "run"), "scaling.policy": "none", **fields})
+    spec = load_spec(
+        overrides={"data": str(data_dir), "out": str(tmp_path / "run"), "scaling.policy": "none", **fields}
+    )
     report, _ = run_local(spec)
     return report
 
 
-@pytest.mark.parametrize("ratings, bound", [
-    # 2,000 × 1,500 with 200k ratings, rank 10, σ 0.5 (the generator's defaults): the
-    # estimation error of 35k free parameters from 180k ratings sits above 5% of σ — ALS,
-    # the exact least-squares optimum, stops at 1.07–1.11σ here — so the bound is the
-    # measured 1.09σ plus noise.
-    (200_000, 1.10),
-    # The same matrix three times denser: there the noise floor is reachable within 5%.
-    (600_000, 1.05),
-])
+@pytest.mark.parametrize(
+    "ratings, bound",
+    [
+        # 2,000 × 1,500 with 200k ratings, rank 10, σ 0.5 (the generator's defaults): the
+        # estimation error of 35k free parameters from 180k ratings sits above 5% of σ — ALS,
+        # the exact least-squares optimum, stops at 1.07–1.11σ here — so the bound is the
+        # measured 1.09σ plus noise.
+        (200_000, 1.10),
+        # The same matrix three times denser: there the noise floor is reachable within 5%.
+        (600_000, 1.05),
+    ],
+)
 def test_one_worker_pmf_reaches_the_noise_floor(tmp_path, ratings, bound):
     meta = synth_ratings(tmp_path / "ratings.csv", ratings=ratings, seed=0)
     prepare_dataset("movielens", tmp_path / "ratings.csv", FolderObjectStore(tmp_path / "prep"), seed=0)
@@ -64,8 +69,14 @@ def test_pmf_defaults_stay_stable_with_one_worker_on_sparsely_touched_rows(tmp_p
     from ebb.models import build_model
 
     synth_ratings(tmp_path / "ratings.csv", users=20_000, items=5_000, ratings=1_000_000, rank=10, seed=0)
-    prepare_dataset("movielens", tmp_path / "ratings.csv", FolderObjectStore(tmp_path / "prep"), batch_size=6250,
-                    test_fraction=0.1, seed=0)
+    prepare_dataset(
+        "movielens",
+        tmp_path / "ratings.csv",
+        FolderObjectStore(tmp_path / "prep"),
+        batch_size=6250,
+        test_fraction=0.1,
+        seed=0,
+    )
     spec = load_spec(overrides={"model": "pmf", "data": str(tmp_path / "prep"), "hyper.rank": 20})
     objects = FolderObjectStore(tmp_path / "prep")
     manifest = load_manifest(objects)

@@ -156,12 +156,14 @@ def test_criteo_fast_path_matches_line_by_line(tmp_path):
     lines = []
     for k in range(400):
         numeric = [str(rng.integers(-5, 1000)) if rng.random() < 0.7 else "" for _ in range(13)]
-        categorical = [f"{rng.integers(0, 1 << 32):08x}"[: rng.integers(1, 9)] if rng.random() < 0.7 else "" for _ in range(26)]
+        categorical = [f"{rng.integers(0, 1 << 32):08x}"[: rng.integers(1, 9)] if rng.random() < 0.7 else ""
+                       for _ in range(26)]
         lines.append("\t".join([str(k % 2)] + numeric + categorical))
     clean = write(tmp_path / "clean.tsv", "\n".join(lines) + "\n")
     # One bad row sends its block (here the whole file) through the per-line parse.
     with_bad = write(tmp_path / "bad.tsv", "\n".join(lines + ["garbage"]) + "\n")
-    fast, slow = read_all(CriteoReader(clean, num_features=5000)), read_all(CriteoReader(with_bad, num_features=5000, skip_bad_rows=True))
+    fast = read_all(CriteoReader(clean, num_features=5000))
+    slow = read_all(CriteoReader(with_bad, num_features=5000, skip_bad_rows=True))
     for name in fast:
         assert np.array_equal(fast[name], slow[name]), name
     # Strings of every length hash as the scalar function does.

@@ -7,13 +7,11 @@ import pytest
 import torch
 
 from ebb.autotune.policies import ScaleDecision
-from ebb.cost.meter import meter_for
-from ebb.engine.supervisor import Supervisor
-from ebb.engine.worker import Worker
-from ebb.local.runner import ThreadLauncher, run_local
+from ebb.data.format import decode_batch
+from ebb.engine.worker import Worker, load_manifest, replica_blob
+from ebb.local.runner import run_local
 from ebb.spec import load_spec
 from ebb.stores.local import FolderObjectStore
-from ebb.stores.memory import MemorySignalChannel, MemoryUpdateStore
 from engine_helpers import RecordingChannel
 
 
@@ -46,21 +44,18 @@ class AveragingProbe(Worker):
     def _act_on(self, directive, k):
         before = {n: p.clone() for n, p in self.model.params.items()}
         outcome = super()._act_on(directive, k)
-        if directive.get("evict") and self.me not in directive["evict"]:
-            AveragingProbe.snapshots[self.me] = {"before": before, "after": {n: p.clone() for n, p in self.model.params.items()},
-                                                 "step": k, "left": directive["evict"]}
+        if directive.evict and self.me not in directive.evict:
+            (left,) = directive.evict
+            AveragingProbe.snapshots[self.me] = {
+                "before": before, "after": {n: p.clone() for n, p in self.model.params.items()}, "step": k,
+                "leaver": decode_batch(self.updates.get_blob(replica_blob(left, k)))}
         return outcome
 
 
 def _run_threads(spec, data_dir, policy, worker_cls=Worker):
-    objects, updates, signals = FolderObjectStore(data_dir), MemoryUpdateStore(), RecordingChannel()
-    launcher = ThreadLauncher(spec, objects, updates, signals, worker_cls=worker_cls)
-    sup = Supervisor(spec, objects, updates, signals, launcher, policy=policy)
-    try:
-        report = sup.run()
-    finally:
-        launcher.stop_all()
-    return report, sup, signals.log, updates
+    signals = RecordingChannel()
+    report, replica = run_local(spec, in_process=True, policy=policy, worker_cls=worker_cls, signals=signals)
+    return report, replica, signals
 
 
 def _spec(data_dir, tmp_path, **fields):
@@ -75,19 +70,16 @@ def test_eviction_folds_the_leavers_replica_in_so_unsent_updates_survive(small_r
     # A threshold so high nothing is ever significant: every update stays pending locally.
     spec = _spec(data_dir, tmp_path, workers=3, **{"sync.mode": "isp", "sync.significance": 1e9})
     AveragingProbe.snapshots = {}
-    report, sup, log, updates = _run_threads(spec, data_dir, ScriptedPolicy({6: ScaleDecision("evict", 1, "test")}),
-                                             AveragingProbe)
+    report, _, signals = _run_threads(spec, data_dir, ScriptedPolicy({6: ScaleDecision("evict", 1, "test")}),
+                                      AveragingProbe)
     evicted = report["scale_events"][0]["worker"]
-    left = [m for m in log if m["type"] == "left"]
-    assert [m["w"] for m in left] == [evicted]
-    assert left[0]["pending_nnz"] > 0, "the leaver had unsent updates"
-    from ebb.data.format import decode_batch
-    from ebb.engine.worker import replica_blob
-
-    leaver = decode_batch(updates.get_blob(replica_blob(evicted, report["scale_events"][0]["applied_at"])))
+    left = signals.ends("evicted")
+    assert [m.worker for m in left] == [evicted]
+    assert left[0].pending_nnz > 0, "the leaver had unsent updates"
     for snap in AveragingProbe.snapshots.values():
+        assert snap["step"] == report["scale_events"][0]["applied_at"]
         for name, before in snap["before"].items():
-            expected = (before + torch.from_numpy(leaver[name])) * 0.5
+            expected = (before + torch.from_numpy(snap["leaver"][name])) * 0.5
             torch.testing.assert_close(snap["after"][name], expected, rtol=0, atol=0)
     assert sorted(AveragingProbe.snapshots) == sorted(set(range(3)) - {evicted})
     assert report["workers"]["final"] == 2 and report["status"] == "max_epochs"
@@ -96,21 +88,21 @@ def test_eviction_folds_the_leavers_replica_in_so_unsent_updates_survive(small_r
 def test_eviction_picks_the_worker_with_the_highest_recent_loss(small_ratings, tmp_path):
     data_dir, _ = small_ratings
     spec = _spec(data_dir, tmp_path, workers=4, **{"sync.mode": "bsp"})
-    report, sup, log, _ = _run_threads(spec, data_dir, ScriptedPolicy({8: ScaleDecision("evict", 1, "test")}))
+    report, _, signals = _run_threads(spec, data_dir, ScriptedPolicy({8: ScaleDecision("evict", 1, "test")}))
     event = report["scale_events"][0]
-    recent = event_losses(log, 8)
+    recent = event_losses(signals.steps(), 8)
     assert event["worker"] == max(recent, key=recent.get)
     assert event["recent_loss"] == pytest.approx(max(recent.values()), rel=1e-9)
     assert len(set(recent.values())) == 4, "the workers' recent losses differ, so the choice means something"
 
 
-def event_losses(log, upto):
+def event_losses(steps, upto):
     """Per-worker EWMA of batch RMSE up to a step, as the supervisor computes it."""
     out: dict[int, float] = {}
-    for m in log:
-        if m["type"] == "step" and m["t"] <= upto:
-            v = (m["loss_sum"] / m["n"]) ** 0.5
-            out[m["w"]] = v if m["w"] not in out else 0.3 * v + 0.7 * out[m["w"]]
+    for m in steps:
+        if m.step <= upto:
+            v = (m.loss_sum / m.samples) ** 0.5
+            out[m.worker] = v if m.worker not in out else 0.3 * v + 0.7 * out[m.worker]
     return out
 
 
@@ -128,10 +120,10 @@ def test_restriping_visits_every_minibatch_once_per_epoch_across_evictions(small
     data_dir, _ = small_ratings
     spec = _spec(data_dir, tmp_path, workers=4, **{"sync.mode": "isp", "stop.max_epochs": 4})
     policy = ScriptedPolicy({4: ScaleDecision("evict", 1, "a"), 9: ScaleDecision("evict", 1, "b")})
-    report, sup, log, _ = _run_threads(spec, data_dir, policy)
-    positions = sorted(m["position"] for m in log if m["type"] == "step" and m["t"] < report["steps"])
+    report, _, signals = _run_threads(spec, data_dir, policy)
+    positions = sorted(m.position for m in signals.steps() if m.step < report["steps"])
     assert positions == list(range(len(positions)))
-    n = sup.num_parts
+    n = len(load_manifest(FolderObjectStore(data_dir)).train.parts)
     from ebb.engine.striping import PartSequence
 
     seq = PartSequence(n, spec.seed)
@@ -172,7 +164,7 @@ def test_schedule_scales_out_at_an_epoch_boundary_without_breaking_the_barrier(s
     spec = load_spec(overrides={"model": "pmf", "data": data_dir, "out": str(tmp_path), "workers": 2, "seed": 4,
                                 "hyper.rank": 4, "stop.max_epochs": 3, "sync.mode": "isp",
                                 "scaling.policy": "schedule", "scaling.schedule": [{"epoch": 1, "workers": 3}]})
-    report, sup = run_local(spec)
+    report, _ = run_local(spec)
     joins = [e for e in report["scale_events"] if e["action"] == "join"]
     assert len(joins) == 1 and joins[0]["worker"] == 2
     assert report["status"] == "max_epochs" and report["workers"]["final"] == 3
@@ -187,18 +179,15 @@ def test_budget_stop_triggers_before_the_budget(small_ratings, tmp_path):
     data_dir, _ = small_ratings
     spec = _spec(data_dir, tmp_path, workers=2, **{"sync.mode": "isp", "stop.max_epochs": 1000,
                                                     "scaling.policy": "none"})
-    meter = meter_for(spec)
     # Price a short probe run to set a budget a few steps' worth above the fixed costs.
     probe = _spec(data_dir, tmp_path / "probe", workers=2, **{"sync.mode": "isp", "stop.max_epochs": 1,
                                                                "scaling.policy": "none"})
-    probe_report, probe_sup, *_ = _run_threads(probe, data_dir, None)
-    per_step = meter(probe_sup)["total_usd"] / probe_report["steps"]
+    probe_report, *_ = _run_threads(probe, data_dir, None)
+    per_step = probe_report["cost"]["total_usd"] / probe_report["steps"]
     spec.stop.budget_usd = per_step * 3 * probe_report["steps"]
-    objects, updates, signals = FolderObjectStore(data_dir), MemoryUpdateStore(), MemorySignalChannel()
-    launcher = ThreadLauncher(spec, objects, updates, signals)
-    report = Supervisor(spec, objects, updates, signals, launcher, cost_meter=meter).run()
-    launcher.stop_all()
+    report, *_ = _run_threads(spec, data_dir, None)
     assert report["status"] == "budget"
     assert report["cost"]["total_usd"] <= spec.stop.budget_usd
     assert all(h["cost_usd"] <= spec.stop.budget_usd for h in report["history"])
-    assert report["perf_per_dollar"] == pytest.approx(1 / (report["wall_seconds"] * report["cost"]["total_usd"]), rel=1e-9)
+    wall, usd = report["wall_seconds"], report["cost"]["total_usd"]
+    assert report["perf_per_dollar"] == pytest.approx(1 / (wall * usd), rel=1e-9)

@@ -84,7 +84,8 @@ def test_cli_errors_exit_nonzero_with_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ebb.cli", "train", "--model", "pmf", "--data", str(tmp_path)],
                        capture_output=True, text=True)
     assert r.returncode == 2
-    assert r.stderr.strip() == f"ebb train: data: {tmp_path} has no manifest.json; prepare it first with `ebb prepare`"
+    assert r.stderr.strip() == (f"ebb train: data: {tmp_path} has no manifest.json; prepare it first with "
+                                "`ebb prepare` (or give the job a prepare section)")
     r = subprocess.run([sys.executable, "-m", "ebb.cli", "train", "--model", "pmf"], capture_output=True, text=True)
     assert r.returncode == 2 and "data: Field required" in r.stderr
     bad = tmp_path / "bad.csv"
@@ -157,3 +158,28 @@ def test_ctrl_c_or_sigterm_stops_every_worker_and_the_redis_server(small_ratings
     assert proc.returncode == 1 and report["status"] == "failed"
     assert ("interrupted" if how == "ctrl-c" else "SIGTERM") in report["error"]
     assert "Traceback" not in stderr
+
+
+def test_a_job_with_a_prepare_section_prepares_its_data_first(tmp_path):
+    from ebb.data.synth import synth_ratings
+
+    synth_ratings(tmp_path / "raw.csv", users=100, items=80, ratings=4000, rank=3, noise=0.3, seed=1)
+    job = tmp_path / "job.yaml"
+    job.write_text(f"""model: pmf
+data: {tmp_path / "prepared"}
+out: {tmp_path / "run"}
+prepare:
+  format: movielens
+  input: {tmp_path / "raw.csv"}
+  batch_size: 500
+stop:
+  max_epochs: 2
+""")
+    r = subprocess.run([sys.executable, "-m", "ebb.cli", "train", str(job)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((tmp_path / "prepared" / "manifest.json").read_text())
+    assert manifest["source"]["input"] == str(tmp_path / "raw.csv") and manifest["batch_size"] == 500
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["status"] == "max_epochs"
+    job.write_text(job.read_text().replace("raw.csv", "missing.csv").replace("prepared", "prepared2"))
+    r = subprocess.run([sys.executable, "-m", "ebb.cli", "train", str(job)], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("ebb train: prepare")

@@ -7,7 +7,7 @@ import pytest
 
 from ebb.data.prepare import iter_parts, prepare_dataset
 from ebb.data.readers import LibSVMReader, MovieLensReader
-from ebb.data.synth import bayes_logloss_on, prepared_weights, synth_logistic, synth_ratings
+from ebb.data.synth import bayes_logloss_on, prepared_weights, synth_logistic, synth_ratings, synth_shaped_ratings
 from ebb.stores.local import FolderObjectStore
 
 SMALL = dict(users=300, items=200, ratings=24_000, rank=4)
@@ -144,3 +144,95 @@ def test_synth_logistic_is_reproducible(tmp_path):
     assert json.loads((tmp_path / "a.svm.meta.json").read_text()) == first
     synth_logistic(tmp_path / "c.svm", rows=2000, seed=10)
     assert (tmp_path / "a.svm").read_bytes() != (tmp_path / "c.svm").read_bytes()
+
+
+# ---------------------------------------------------------------- shaped like real files
+# The documented shapes (see RATING_PRESETS): counts exact, every user ≥ 20 ratings,
+# quartiles of ratings per user and item within 5 % (or 1 rating), the share of items
+# rated once within 2 points, the scale and its step exact, mean rating within 0.02 and
+# its std within 0.05 of the real file's.
+REAL_SHAPES = {
+    "ml-100k": {"users": 943, "items": 1682, "ratings": 100_000, "user_q": (33, 65, 148), "user_max": 737,
+                "item_q": (6, 27, 80), "item_max": 583, "rated_once": 0.084, "values": [1, 2, 3, 4, 5],
+                "half_star_share": 0.0, "mean": 3.53, "std": 1.126},
+    "ml-latest-small": {"users": 610, "items": 9724, "ratings": 100_836, "user_q": (35, 70.5, 168), "user_max": 2698,
+                        "item_q": (1, 3, 9), "item_max": 329, "rated_once": 0.354,
+                        "values": [0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5], "half_star_share": 0.301,
+                        "mean": 3.502, "std": 1.043},
+}
+
+
+@pytest.mark.parametrize("preset, name", [("ml-100k", "u.data"), ("ml-latest-small", "ratings.csv")])
+def test_shaped_presets_match_the_real_files(tmp_path, preset, name):
+    real = REAL_SHAPES[preset]
+    meta = synth_shaped_ratings(tmp_path / name, preset=preset, seed=0)
+    user, item, rating = read_ratings(tmp_path / name)
+    assert len(rating) == real["ratings"] and len(np.unique(user * 100_000 + item)) == real["ratings"]
+    user_counts, item_counts = np.bincount(user)[1:], np.bincount(item)[1:]  # raw ids are 1-based
+    assert len(user_counts) == real["users"] and len(item_counts) == real["items"]
+    assert user_counts.min() == 20 and item_counts.min() == 1
+    for counts, quartiles, top in ((user_counts, real["user_q"], real["user_max"]),
+                                   (item_counts, real["item_q"], real["item_max"])):
+        for got, want in zip(np.percentile(counts, [25, 50, 75]), quartiles):
+            assert abs(got - want) <= max(1, 0.05 * want), (got, want)
+        assert counts.max() == pytest.approx(top, rel=0.05)
+    assert np.mean(item_counts == 1) == pytest.approx(real["rated_once"], abs=0.02)
+    assert sorted(np.unique(rating).tolist()) == real["values"]
+    assert np.mean(rating % 1 != 0) == pytest.approx(real["half_star_share"], abs=0.03)
+    assert rating.mean() == pytest.approx(real["mean"], abs=0.02)
+    assert rating.std() == pytest.approx(real["std"], abs=0.05)
+    # The sidecar: the preset, the realised shape, and a floor no model can beat.
+    assert meta["preset"] == preset and meta["profile"] == "shaped" and meta["ratings"] == real["ratings"]
+    assert meta["shape"]["per_item"]["share_1"] == pytest.approx(np.mean(item_counts == 1))
+    assert meta["scale"]["step"] == (1.0 if preset == "ml-100k" else 0.5)
+    assert 0.6 < meta["noise_floor_rmse"] < meta["planted_mean_rmse"] < rating.std()
+    assert meta["noise_floor_rmse"] == pytest.approx(meta["expected_floor_rmse"], abs=0.01)
+
+
+def test_shaped_ml10m_counts_follow_the_documented_shape():
+    """The 10M preset's per-user and per-item counts, at full size (the pairs take a minute: not here)."""
+    from ebb.data.synth import RATING_PRESETS, _degree_sequence
+
+    shape = RATING_PRESETS["ml-10m"]
+    assert (shape.users, shape.items, shape.ratings, shape.step) == (69_878, 10_677, 10_000_054, 0.5)
+    rng = np.random.default_rng(0)
+    users = _degree_sequence(shape.users, shape.user_quantiles, shape.ratings, shape.items, rng, "users")
+    items = _degree_sequence(shape.items, shape.item_quantiles, shape.ratings, shape.users, rng, "items")
+    assert users.sum() == items.sum() == 10_000_054 and users.min() == 20 and items.min() == 1
+    assert np.percentile(users, [25, 50, 75]) == pytest.approx([35, 67, 162], rel=0.05)
+    assert np.percentile(items, [25, 50, 75]) == pytest.approx([34, 141, 586], rel=0.05)
+    assert users.max() == pytest.approx(7359, rel=0.01) and items.max() == pytest.approx(34_864, rel=0.01)
+    assert 0.005 < np.mean(items == 1) < 0.03
+
+
+def test_shaped_ratings_rescaled_and_reproducible(tmp_path):
+    small = dict(preset="ml-latest-small", users=100, items=1600, ratings=16_000)
+    meta = synth_shaped_ratings(tmp_path / "a.dat", seed=4, **small)
+    synth_shaped_ratings(tmp_path / "b.dat", seed=4, **small)
+    synth_shaped_ratings(tmp_path / "c.dat", seed=5, **small)
+    assert (tmp_path / "a.dat").read_bytes() == (tmp_path / "b.dat").read_bytes()
+    assert (tmp_path / "a.dat").read_bytes() != (tmp_path / "c.dat").read_bytes()
+    assert json.loads((tmp_path / "a.dat.meta.json").read_text()) == meta
+    user, item, rating = read_ratings(tmp_path / "a.dat")
+    assert len(np.unique(user * 10_000 + item)) == len(rating) == 16_000
+    user_counts, item_counts = np.bincount(user)[1:], np.bincount(item)[1:]
+    assert len(user_counts) == 100 and len(item_counts) == 1600 and user_counts.min() >= 20 and item_counts.min() >= 1
+    # The shape survives the rescale: a long tail of items rated once, a few heavy users.
+    assert 0.3 < np.mean(item_counts == 1) < 0.4 and user_counts.max() > 3 * np.median(user_counts)
+    assert set(np.unique(rating).tolist()) <= {v / 2 for v in range(1, 11)}
+    # Too many ratings for the users' and items' counts to hold: a clear error.
+    with pytest.raises(ValueError, match="cannot be spread over 100 users"):
+        synth_shaped_ratings(tmp_path / "d.dat", preset="ml-latest-small", users=100, items=200, ratings=8000)
+    with pytest.raises(ValueError, match="unknown preset"):
+        synth_shaped_ratings(tmp_path / "d.dat", preset="ml-1b")
+
+
+def test_cli_synth_ratings_preset(tmp_path, capsys):
+    from ebb.cli import main
+
+    out = tmp_path / "u.data"
+    assert main(["synth", "ratings", "--preset", "ml-100k", "--out", str(out), "--users", "200", "--items", "300",
+                 "--ratings", "12000"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["preset"] == "ml-100k" and printed["ratings"] == 12_000
+    assert {line.split("\t")[2] for line in out.read_text().splitlines()} == {"1", "2", "3", "4", "5"}

@@ -1,8 +1,12 @@
-"""``ebb``: generate data, prepare it into minibatches, and train on it.
+"""``ebb``: generate data, prepare it into minibatches, and train on it — here, or on
+a deployed stack.
 
     ebb synth ratings --out data/ratings.csv            # planted low-rank ratings
     ebb prepare --format movielens --input data/ratings.csv --out data/ml
     ebb train --model pmf --data data/ml --workers 4    # local: processes + redis
+    ebb submit job.yaml --stack Ebb                     # the same job on AWS Lambda
+    ebb watch EXECUTION                                 # its progress, until it ends
+    ebb report EXECUTION --out runs/x                   # its report, model and plot
 """
 
 from __future__ import annotations
@@ -26,46 +30,103 @@ OUT/model.npz and OUT/loss.png, and exits 1 when the job fails.
 """
 
 
-def _add_train(sub) -> None:
-    p = sub.add_parser("train", help="train a model (locally: worker processes + a private redis-server)",
-                       description="Train a model on a prepared dataset.", epilog=EPILOG_TRAIN,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+def _add_job_flags(p) -> None:
+    """The flags that override fields of a job file (``ebb train`` and ``ebb submit``)."""
     p.add_argument("job", nargs="?", help="job file (YAML); see README 'Job file'")
     p.add_argument("--name", help="job name (default: random); outputs go to runs/<name>")
-    p.add_argument("--model", choices=["pmf", "sparse_lr", "lr"], help="pmf: ratings; sparse_lr: hashed/LibSVM; lr: dense CSV")
-    p.add_argument("--data", metavar="DIR", help="prepared dataset folder (from `ebb prepare`)")
+    p.add_argument(
+        "--model", choices=["pmf", "sparse_lr", "lr"], help="pmf: ratings; sparse_lr: hashed/LibSVM; lr: dense CSV"
+    )
+    p.add_argument(
+        "--data", metavar="DIR", help="prepared dataset: a folder or s3://bucket/prefix (from `ebb prepare`)"
+    )
     p.add_argument("--rank", type=int, help="PMF latent dimension (default 20)")
     p.add_argument("--lr", type=float, help="learning rate (default per model)")
     p.add_argument("--workers", type=int, help="number of workers at the start (default 1)")
     p.add_argument("--sync", choices=["bsp", "ssp", "isp"], help="synchronisation model (default isp)")
     p.add_argument("--significance", type=float, metavar="V", help="ISP threshold v; v_t = v/sqrt(t) (default 0.7)")
     p.add_argument("--slack", type=int, metavar="S", help="SSP staleness bound (default 3)")
-    p.add_argument("--quantize", action=argparse.BooleanOptionalAction, default=None,
-                   help="ISP: send significant values as int8 with a per-row scale, the rounding kept pending "
-                        "(default on; --no-quantize sends float32)")
-    p.add_argument("--redis", action="append", metavar="URL", help="use this Redis (repeat to shard) instead of a private one")
+    p.add_argument(
+        "--quantize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ISP: send significant values as int8 with a per-row scale, the rounding kept pending "
+        "(default on; --no-quantize sends float32)",
+    )
     p.add_argument("--policy", choices=["autotune", "none", "schedule"], help="scaling policy (default autotune)")
     p.add_argument("--min-workers", type=int, help="never scale in below this many workers")
     p.add_argument("--budget-usd", type=float, help="stop before the estimated AWS cost exceeds this")
     p.add_argument("--memory-mb", type=int, help="Lambda memory per worker, for the cost model (default 1769)")
     p.add_argument("--target-loss", type=float, help="stop once the training loss stays at or below this")
     p.add_argument("--target-test", type=float, help="stop once the test RMSE / log-loss is at or below this")
-    p.add_argument("--eval-every", type=int, metavar="N", help="score the test split every N steps (default 50 with --target-test)")
+    p.add_argument(
+        "--eval-every", type=int, metavar="N", help="score the test split every N steps (default 50 with --target-test)"
+    )
     p.add_argument("--max-seconds", type=float, help="stop after this wall time (default 3600)")
     p.add_argument("--max-epochs", type=float, help="stop after this many passes over the data (default 10)")
     p.add_argument("--seed", type=int, help="seed for the initial model and the minibatch order")
-    p.add_argument("--out", metavar="DIR", help="output folder (default runs/<name>)")
+    p.add_argument("--out", metavar="DIR", help="output folder or s3://bucket/prefix (default runs/<name>)")
+    p.add_argument(
+        "--round-seconds",
+        type=float,
+        metavar="S",
+        help="train in rounds of S seconds, each in fresh processes resumed from checkpoints, as on "
+        "Lambda (default 840)",
+    )
+    p.add_argument("--round-steps", type=int, metavar="N", help="at most N steps per round (reproducible cuts)")
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a model (locally: worker processes + a private redis-server)",
+        description="Train a model on a prepared dataset.",
+        epilog=EPILOG_TRAIN,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_job_flags(p)
+    p.add_argument(
+        "--redis", action="append", metavar="URL", help="use this Redis (repeat to shard) instead of a private one"
+    )
+    p.add_argument(
+        "--resume",
+        metavar="OUT",
+        help="continue an interrupted job from the last round it completed in OUT (its job spec is "
+        "read from OUT/checkpoints/spec.json; no job file or other flags)",
+    )
     p.set_defaults(func=cmd_train)
 
 
 TRAIN_OVERRIDES = {
-    "name": "name", "model": "model", "data": "data", "rank": "hyper.rank", "lr": "hyper.lr",
-    "workers": "workers", "sync": "sync.mode", "significance": "sync.significance", "slack": "sync.slack",
+    "name": "name",
+    "model": "model",
+    "data": "data",
+    "rank": "hyper.rank",
+    "lr": "hyper.lr",
+    "workers": "workers",
+    "sync": "sync.mode",
+    "significance": "sync.significance",
+    "slack": "sync.slack",
     "quantize": "sync.quantize",
-    "redis": "redis_urls", "policy": "scaling.policy", "min_workers": "scaling.min_workers",
-    "budget_usd": "stop.budget_usd", "memory_mb": "aws.memory_mb", "target_loss": "stop.target_loss", "target_test": "stop.target_test", "eval_every": "stop.eval_every",
-    "max_seconds": "stop.max_seconds", "max_epochs": "stop.max_epochs", "seed": "seed", "out": "out",
+    "redis": "redis_urls",
+    "policy": "scaling.policy",
+    "min_workers": "scaling.min_workers",
+    "budget_usd": "stop.budget_usd",
+    "memory_mb": "aws.memory_mb",
+    "target_loss": "stop.target_loss",
+    "target_test": "stop.target_test",
+    "eval_every": "stop.eval_every",
+    "max_seconds": "stop.max_seconds",
+    "max_epochs": "stop.max_epochs",
+    "seed": "seed",
+    "out": "out",
+    "round_seconds": "round_seconds",
+    "round_steps": "round_steps",
 }
+
+
+def _job_overrides(args) -> dict:
+    return {field: getattr(args, flag, None) for flag, field in TRAIN_OVERRIDES.items()}
 
 
 def cmd_train(args) -> int:
@@ -73,74 +134,139 @@ def cmd_train(args) -> int:
 
     from ebb.engine.outputs import write_outputs
     from ebb.local.progress import ProgressSink
-    from ebb.local.runner import run_local
-    from ebb.spec import SpecError, load_spec
+    from ebb.engine.preflight import PreflightError
+    from ebb.local.runner import JobFailed, run_local
+    from ebb.models import LOSS_NAMES
+    from ebb.stores import open_object_store
 
+    spec = _train_spec(args)
+    if spec is None:
+        return 2
     try:
-        spec = load_spec(args.job, {field: getattr(args, flag) for flag, field in TRAIN_OVERRIDES.items()})
-    except SpecError as exc:
+        out = open_object_store(spec.out_location)
+        data = open_object_store(spec.data)
+        has_manifest = data.exists("manifest.json")
+    except (ValueError, OSError) as exc:  # a bad location (missing bucket, no credentials): one line
         print(f"ebb train: {exc}", file=sys.stderr)
         return 2
-    if not Path(spec.data, "manifest.json").is_file():
-        print(f"ebb train: data: {spec.data} has no manifest.json; prepare it first with `ebb prepare`", file=sys.stderr)
+    if not has_manifest and spec.prepare is not None and not args.resume:
+        from ebb.data.prepare import InputError, prepare_from_spec
+
+        print(f"preparing {spec.prepare.input} into {spec.data} (the job's prepare section)", file=sys.stderr)
+        try:
+            prepare_from_spec(spec.prepare, data)
+        except InputError as exc:
+            print(f"ebb train: prepare.{exc.field}: {exc}", file=sys.stderr)
+            return 2
+        except ValueError as exc:
+            print(f"ebb train: prepare: {exc}", file=sys.stderr)
+            return 2
+    elif not has_manifest:
+        print(
+            f"ebb train: data: {spec.data} has no manifest.json; prepare it first with `ebb prepare` "
+            "(or give the job a prepare section)",
+            file=sys.stderr,
+        )
         return 2
     torch.set_num_threads(1)
-    from ebb.models import LOSS_NAMES
-
     sink = ProgressSink(spec.stop.max_epochs, LOSS_NAMES[spec.model])
     started = time.monotonic()
-    replica = None
     try:
-        report, supervisor = run_local(spec, sink, cost_meter=_cost_meter(spec))
-        replica = supervisor.replica
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (runner.Terminated)
+        report, _ = run_local(spec, sink, resume=bool(args.resume))
+    except PreflightError as exc:  # nothing ran: nothing to report
         sink.close({})
-        report = {"status": "failed", "error": str(exc) or "interrupted (Ctrl-C)"}
-    except Exception as exc:  # the job failed: still leave a report behind
+        print(f"ebb train: {exc}", file=sys.stderr)
+        return 2
+    except JobFailed as exc:  # a crash, Ctrl-C or SIGTERM: still leave a report behind
         sink.close({})
-        report = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
-    report.setdefault("wall_seconds", round(time.monotonic() - started, 3))
-    report["spec"] = spec.model_dump(mode="json")
-    files = write_outputs(spec.out_dir, report, replica)
-    _print_summary(report, files)
+        report = exc.report
+    if report["status"] == "failed":
+        report["wall_seconds"] = round(time.monotonic() - started, 3)
+        report["spec"] = spec.model_dump(mode="json")
+        write_outputs(out, report, None)
+    _print_summary(report, spec.out_location)
     return 0 if report["status"] != "failed" else 1
 
 
-def _cost_meter(spec):
+def _train_spec(args):
+    """The job spec from the job file and flags, or from OUT/checkpoints with --resume."""
+    from ebb.spec import JobSpec, SpecError, load_spec
+
+    overrides = _job_overrides(args)
+    if args.resume:
+        from ebb.engine.checkpoint import SPEC_KEY
+        from ebb.stores import join_location, open_object_store
+
+        given = [flag for flag, field in TRAIN_OVERRIDES.items() if overrides[field] is not None]
+        if args.job or given:
+            extra = f"--{given[0].replace('_', '-')}" if given else f"the job file {args.job}"
+            print(f"ebb train: --resume continues a job exactly as it started: drop {extra}", file=sys.stderr)
+            return None
+        try:
+            raw = open_object_store(join_location(args.resume, "checkpoints")).get(SPEC_KEY)
+        except KeyError:
+            print(
+                f"ebb train: --resume: {args.resume} holds no checkpoints of a job (no checkpoints/{SPEC_KEY})",
+                file=sys.stderr,
+            )
+            return None
+        return JobSpec.model_validate_json(raw)
     try:
-        from ebb.cost.meter import meter_for
-    except ImportError:
+        return load_spec(args.job, overrides)
+    except SpecError as exc:
+        print(f"ebb train: {exc}", file=sys.stderr)
         return None
-    return meter_for(spec)
 
 
-def _print_summary(report: dict, files: dict) -> None:
+def _print_summary(report: dict, out: str) -> None:
     if report["status"] == "failed":
         print(f"job failed: {report.get('error')}", file=sys.stderr)
     else:
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in report.get("test_metrics", {}).items())
-        line = (f"{report['status']}: {report['steps']} steps, {report['epochs']:.2f} epochs in "
-                f"{report['wall_seconds']:.1f} s; final training {report['loss_name']} {report['final_loss']:.4f}; "
-                f"test {metrics}")
+        rounds = f" in {report['rounds']} rounds" if report.get("rounds", 1) > 1 else ""
+        line = (
+            f"{report['status']}: {report['steps']} steps{rounds}, {report['epochs']:.2f} epochs in "
+            f"{report['wall_seconds']:.1f} s; final training {report['loss_name']} {report['final_loss']:.4f}; "
+            f"test {metrics}"
+        )
         if "cost" in report:
             line += f"; est. AWS cost ${report['cost']['total_usd']:.4f}"
         print(line)
-    print(f"report: {files['report']}")
+    print(f"report: {out.rstrip('/')}/report.json")
+
+
+SYNTH_PRESETS = ("ml-100k", "ml-latest-small", "ml-10m")  # ebb.data.synth.RATING_PRESETS (imported lazily)
+PLANTED_RATINGS = {"users": 2000, "items": 1500, "ratings": 200_000, "noise": 0.5}
 
 
 def _add_synth(sub) -> None:
-    p = sub.add_parser("synth", help="generate a seeded dataset with planted structure",
-                       description="Generate data with known structure, in the real formats `ebb prepare` reads. "
-                                   "A sidecar OUT.meta.json records the truth (noise floor, Bayes log-loss).")
+    p = sub.add_parser(
+        "synth",
+        help="generate a seeded dataset with planted structure",
+        description="Generate data with known structure, in the real formats `ebb prepare` reads. "
+        "A sidecar OUT.meta.json records the truth (noise floor, Bayes log-loss).",
+    )
     kinds = p.add_subparsers(dest="kind", required=True, metavar="ratings|logistic")
-    r = kinds.add_parser("ratings", help="planted low-rank ratings with popularity skew (MovieLens format)")
+    r = kinds.add_parser(
+        "ratings",
+        help="planted low-rank ratings (MovieLens format), dense or shaped like a real file",
+        description="Without --preset: planted rank-r ratings with Zipf popularity, neither rounded nor clipped "
+        "(the RMSE floor is --noise). With --preset: the shape of a public MovieLens file — every user "
+        "with at least 20 ratings, heavy-tailed counts per user, a long tail of items rated a few "
+        "times, whole or half stars clipped to the scale — over the same kind of planted structure; "
+        "the sidecar records the preset, the realised shape and the best achievable RMSE.",
+        epilog="presets: ml-100k (943 users, 1,682 items, 100,000 ratings 1-5), ml-latest-small (610 users, "
+        "9,724 items, 100,836 half stars, 35% of items rated once), ml-10m (69,878 users, 10,677 items, "
+        "10,000,054 half stars; about a minute)",
+    )
     r.add_argument("--out", required=True, help="output file: .csv (ratings.csv), .dat (::), else u.data (tab)")
+    r.add_argument("--preset", choices=SYNTH_PRESETS, help="shape the ratings like this MovieLens file")
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--users", type=int, default=2000)
-    r.add_argument("--items", type=int, default=1500)
-    r.add_argument("--ratings", type=int, default=200_000)
-    r.add_argument("--rank", type=int, default=10, help="planted rank")
-    r.add_argument("--noise", type=float, default=0.5, help="Gaussian noise σ: the RMSE floor")
+    r.add_argument("--users", type=int, help="number of users (default 2000, or the preset's)")
+    r.add_argument("--items", type=int, help="number of items (default 1500, or the preset's)")
+    r.add_argument("--ratings", type=int, help="number of ratings (default 200,000, or the preset's)")
+    r.add_argument("--rank", type=int, default=10, help="planted rank (default 10)")
+    r.add_argument("--noise", type=float, help="Gaussian noise σ (default 0.5: the RMSE floor; a preset has its own)")
     r.set_defaults(func=cmd_synth)
     lg = kinds.add_parser("logistic", help="sparse logistic data with known true weights")
     lg.add_argument("--out", required=True, help="output file: .svm/.libsvm/.txt (LibSVM) or .csv (dense)")
@@ -154,9 +280,20 @@ def _add_synth(sub) -> None:
 def cmd_synth(args) -> int:
     from ebb.data import synth
 
-    if args.kind == "ratings":
-        meta = synth.synth_ratings(args.out, users=args.users, items=args.items, ratings=args.ratings, rank=args.rank,
-                                   noise=args.noise, seed=args.seed)
+    if args.kind == "ratings" and args.preset:
+        meta = synth.synth_shaped_ratings(
+            args.out,
+            preset=args.preset,
+            users=args.users,
+            items=args.items,
+            ratings=args.ratings,
+            rank=args.rank,
+            noise=args.noise,
+            seed=args.seed,
+        )
+    elif args.kind == "ratings":
+        sizes = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in PLANTED_RATINGS.items()}
+        meta = synth.synth_ratings(args.out, rank=args.rank, seed=args.seed, **sizes)
     else:
         meta = synth.synth_logistic(args.out, rows=args.rows, features=args.features, nnz=args.nnz, seed=args.seed)
     print(json.dumps({k: v for k, v in meta.items() if not isinstance(v, (list, dict))}, indent=None))
@@ -164,15 +301,43 @@ def cmd_synth(args) -> int:
 
 
 def _add_prepare(sub) -> None:
-    p = sub.add_parser("prepare", help="parse, shuffle, split and cut a dataset into minibatches",
-                       description="Parse a dataset (streamed; any size), shuffle it with a seed, split train/test "
-                                   "and write fixed-size minibatches plus manifest.json into OUT.")
+    p = sub.add_parser(
+        "prepare",
+        help="parse, shuffle, split and cut a dataset into minibatches",
+        description="Parse a dataset (streamed; any size), shuffle it with a seed, split train/test "
+        "(and validation, with --val-fraction) and write fixed-size minibatches plus "
+        "manifest.json into OUT. Inputs and OUT may be on S3 (s3://bucket/...); boto3's "
+        "usual configuration applies (credentials, region, AWS_ENDPOINT_URL).",
+    )
     p.add_argument("--format", required=True, choices=["movielens", "criteo", "libsvm", "csv"])
-    p.add_argument("--input", required=True, metavar="FILE")
-    p.add_argument("--test-input", metavar="FILE", help="a separate test file (else --test-fraction of the input)")
-    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument(
+        "--input",
+        required=True,
+        metavar="FILE",
+        help="raw input: a local file or s3://bucket/key (fetched to a temporary file, deleted after)",
+    )
+    p.add_argument(
+        "--test-input",
+        metavar="FILE",
+        help="a separate test file, local or s3://bucket/key (else --test-fraction of the input)",
+    )
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="where the dataset goes: a folder or s3://bucket/prefix (existing parts are replaced)",
+    )
     p.add_argument("--batch-size", type=int, default=6250, help="rows per minibatch (MLLess: 6,250)")
-    p.add_argument("--test-fraction", type=float, default=0.1)
+    p.add_argument(
+        "--test-fraction", type=float, default=0.1, help="share of the input held out for test (default 0.1)"
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.0,
+        help="share of the input held out as a validation split (val/part-NNNNNN), apart from train and "
+        "test, for choosing hyper-parameters and when to stop (default 0: none)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-bad-rows", action="store_true", help="count and skip malformed rows instead of stopping")
     p.add_argument("--num-features", type=int, default=100_000, help="hashing-trick dimension (criteo)")
@@ -181,46 +346,211 @@ def _add_prepare(sub) -> None:
 
 
 def cmd_prepare(args) -> int:
-    from ebb.data.prepare import prepare_dataset
-    from ebb.data.readers import DataError
-    from ebb.stores.local import FolderObjectStore
+    from ebb.stores import is_s3, open_object_store, parse_s3_url
+
+    def fail(message: str, code: int = 2) -> int:
+        print(f"ebb prepare: {message}", file=sys.stderr)
+        return code
 
     if not 0 <= args.test_fraction < 1:
-        print(f"ebb prepare: --test-fraction must be in [0, 1), got {args.test_fraction}", file=sys.stderr)
-        return 2
+        return fail(f"--test-fraction must be in [0, 1), got {args.test_fraction}")
+    if not 0 <= args.val_fraction < 1:
+        return fail(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
+    if args.test_input is None and args.test_fraction + args.val_fraction >= 1:
+        return fail(f"--test-fraction + --val-fraction must be below 1, got {args.test_fraction} + {args.val_fraction}")
     if args.batch_size < 1:
-        print(f"ebb prepare: --batch-size must be positive, got {args.batch_size}", file=sys.stderr)
-        return 2
-    for path in (args.input, args.test_input):
-        if path and not Path(path).is_file():
-            print(f"ebb prepare: no such file: {path}", file=sys.stderr)
-            return 2
+        return fail(f"--batch-size must be positive, got {args.batch_size}")
+    for flag, location in (("--input", args.input), ("--test-input", args.test_input), ("--out", args.out)):
+        if location and is_s3(location):
+            try:
+                parse_s3_url(location)
+            except ValueError as exc:
+                return fail(f"{flag}: {exc}")
+        elif location and flag != "--out" and not Path(location).is_file():
+            return fail(f"no such file: {location}")
+
+    from ebb.data.format import MANIFEST_KEY
+    from ebb.data.prepare import InputError, prepare_from_spec
+
+    try:
+        store = open_object_store(args.out)
+        # Fail now rather than after a long parse: a missing bucket, no credentials, no endpoint.
+        store.exists(MANIFEST_KEY)
+    except (ValueError, OSError) as exc:
+        return fail(f"--out: {exc}")
 
     def progress(rows: int, note: str) -> None:
         print(f"\r{note}: {rows:,} rows", end="", file=sys.stderr, flush=True)
 
+    from ebb.spec import PrepareSpec
+
+    prep = PrepareSpec(
+        format=args.format,
+        input=args.input,
+        test_input=args.test_input,
+        batch_size=args.batch_size,
+        test_fraction=args.test_fraction,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        skip_bad_rows=args.skip_bad_rows,
+        num_features=args.num_features,
+        numeric_scaling=args.numeric_scaling,
+    )
     try:
-        manifest = prepare_dataset(args.format, args.input, FolderObjectStore(args.out), test_input=args.test_input,
-                                   batch_size=args.batch_size, test_fraction=args.test_fraction, seed=args.seed,
-                                   skip_bad_rows=args.skip_bad_rows, num_features=args.num_features,
-                                   numeric_scaling=args.numeric_scaling, progress=progress)
-    except DataError as exc:
-        print(f"\nebb prepare: {exc}", file=sys.stderr)
-        return 2
+        manifest = prepare_from_spec(prep, store, progress=progress)
+    except InputError as exc:
+        return fail(f"--{exc.field.replace('_', '-')}: {exc}")
+    except ValueError as exc:  # DataError (file:line: what is wrong), or no rows at all
+        print(file=sys.stderr)
+        return fail(str(exc))
+    except OSError as exc:  # failed part-way (an S3 error, a full disk...); the message names the object
+        print(file=sys.stderr)
+        return fail(str(exc), code=1)
     print(file=sys.stderr)
-    dims = (f"{manifest.num_users} users x {manifest.num_items} items" if manifest.kind == "ratings"
-            else f"{manifest.num_features} features")
-    print(f"prepared {manifest.train.rows:,} train rows in {len(manifest.train.parts)} parts, "
-          f"{manifest.test.rows:,} test rows; {dims}; skipped {manifest.source.get('skipped_rows', 0)} bad rows -> {args.out}")
+    dims = (
+        f"{manifest.num_users} users x {manifest.num_items} items"
+        if manifest.kind == "ratings"
+        else f"{manifest.num_features} features"
+    )
+    val = f"{manifest.val.rows:,} validation rows, " if manifest.val.rows else ""
+    print(
+        f"prepared {manifest.train.rows:,} train rows in {len(manifest.train.parts)} parts, {val}"
+        f"{manifest.test.rows:,} test rows; {dims}; "
+        f"skipped {manifest.source.get('skipped_rows', 0)} bad rows -> {args.out}"
+    )
+    return 0
+
+
+DEFAULT_STACK = "Ebb"  # cdk.json's ebb:stackName
+
+
+def _stack_flag(p) -> None:
+    import os
+
+    p.add_argument(
+        "--stack",
+        default=os.environ.get("EBB_STACK", DEFAULT_STACK),
+        help="the deployed stack's name (default: $EBB_STACK or Ebb); its outputs name the state "
+        "machine and the bucket",
+    )
+
+
+def _add_aws(sub) -> None:
+    p = sub.add_parser(
+        "submit",
+        help="run a job on a deployed stack (AWS Lambda)",
+        description="Start a job as an execution of the stack's state machine. A local prepared "
+        "dataset (data: a folder) is uploaded to the stack's bucket first, once.",
+        epilog="examples:\n  ebb submit job.yaml\n  ebb submit job.yaml --workers 16 --stack Ebb-dev --watch",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_job_flags(p)
+    _stack_flag(p)
+    p.add_argument("--watch", action="store_true", help="then watch it until it ends (as `ebb watch`)")
+    p.set_defaults(func=cmd_submit)
+    w = sub.add_parser(
+        "watch",
+        help="follow a job on AWS until it ends: state, round, step, loss, workers, $",
+        description="Print a job's progress until its execution ends; exit 0 if it succeeded, "
+        "1 if it failed, timed out or was aborted.",
+    )
+    w.add_argument("execution", help="execution ARN (printed by `ebb submit`) or name")
+    _stack_flag(w)
+    w.add_argument("--every", type=float, default=5.0, metavar="S", help="seconds between polls (default 5)")
+    w.set_defaults(func=cmd_watch)
+    r = sub.add_parser(
+        "report",
+        help="download a job's report.json, model.npz and loss.png from AWS",
+        description="Download a finished job's outputs and print its summary.",
+    )
+    r.add_argument("execution", help="execution ARN or name")
+    _stack_flag(r)
+    r.add_argument("--out", metavar="DIR", help="where to put the files (default runs/<execution name>)")
+    r.set_defaults(func=cmd_report)
+
+
+def _aws_errors(fn):
+    """One line, exit 2, for what the user can fix (no stack, no such execution, no credentials)."""
+
+    def wrapped(args) -> int:
+        from botocore.exceptions import BotoCoreError
+
+        from ebb.deployed import DeploymentError
+
+        try:
+            return fn(args)
+        except (DeploymentError, BotoCoreError, OSError) as exc:
+            print(f"ebb {args.command}: {exc}", file=sys.stderr)
+            return 2
+
+    return wrapped
+
+
+@_aws_errors
+def cmd_submit(args) -> int:
+    from ebb.deployed import Deployment, Execution, watch
+    from ebb.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(args.job, _job_overrides(args))
+    except SpecError as exc:
+        print(f"ebb submit: {exc}", file=sys.stderr)
+        return 2
+    dep = Deployment.from_stack(args.stack)
+    started = dep.submit(spec, progress=lambda line: print(line, file=sys.stderr))
+    print(f"started {started['name']}\n  {started['executionArn']}\n  {started['console']}")
+    if args.watch:
+        status = watch(Execution(started["executionArn"], dep))
+        return 0 if status == "SUCCEEDED" else 1
+    return 0
+
+
+@_aws_errors
+def cmd_watch(args) -> int:
+    from ebb.deployed import Execution, watch
+
+    status = watch(Execution.find(args.execution, args.stack), every_s=args.every)
+    return 0 if status == "SUCCEEDED" else 1
+
+
+@_aws_errors
+def cmd_report(args) -> int:
+    from ebb.deployed import Execution, fetch_report
+
+    execution = Execution.find(args.execution, args.stack)
+    into = args.out or str(Path("runs") / execution.job_id)
+    report = fetch_report(execution, into)
+    _print_summary(report, into)
+    return 0 if report["status"] != "failed" else 1
+
+
+def _add_spec(sub) -> None:
+    p = sub.add_parser(
+        "spec",
+        help="print every field of a job file, with its default and meaning",
+        description="Print a job file with every field at its default and a comment saying what it "
+        "does: a starting point for your own (`ebb spec > job.yaml`).",
+    )
+    p.set_defaults(func=cmd_spec)
+
+
+def cmd_spec(args) -> int:
+    from ebb.spec import example_yaml
+
+    print(example_yaml(), end="")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ebb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{synth,prepare,train}")
+    parser = argparse.ArgumentParser(
+        prog="ebb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{synth,prepare,train,spec,submit,watch,report}")
     _add_synth(sub)
     _add_prepare(sub)
     _add_train(sub)
+    _add_spec(sub)
+    _add_aws(sub)
     return parser
 
 

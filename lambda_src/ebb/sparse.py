@@ -137,7 +137,7 @@ class RowUpdate:
         return len(self.encode())
 
     @classmethod
-    def decode(cls, data: bytes | memoryview) -> "RowUpdate":
+    def decode(cls, data: bytes | memoryview) -> RowUpdate:
         buf = memoryview(data)
         magic, n = _HEAD.unpack_from(buf, 0)
         if magic != _MAGIC:
@@ -261,7 +261,9 @@ def _decode_values(buf: memoryview, off: int, flags: int, k: int, n: int, row_of
     return carried.astype(np.float32), off
 
 
-def _decode_indices(buf: memoryview, off: int, k: int, flags: int, earlier: list[torch.Tensor]) -> tuple[torch.Tensor, int]:
+def _decode_indices(
+    buf: memoryview, off: int, k: int, flags: int, earlier: list[torch.Tensor]
+) -> tuple[torch.Tensor, int]:
     if flags & _SAME:
         (j,) = _U32.unpack_from(buf, off)
         return earlier[j], off + _U32.size
@@ -269,8 +271,11 @@ def _decode_indices(buf: memoryview, off: int, k: int, flags: int, earlier: list
         (j,) = _U32.unpack_from(buf, off)
         ref = earlier[j]
         nbytes = (ref.numel() + 7) // 8
-        bits = np.unpackbits(np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=off + _U32.size),
-                             count=ref.numel(), bitorder="little").view(bool)
+        bits = np.unpackbits(
+            np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=off + _U32.size),
+            count=ref.numel(),
+            bitorder="little",
+        ).view(bool)
         idx = ref.numpy()[bits]
         if idx.size != k:
             raise ValueError(f"corrupt update: its row subset holds {idx.size} rows, its header says {k}")
@@ -286,8 +291,9 @@ def _decode_indices(buf: memoryview, off: int, k: int, flags: int, earlier: list
         (n_bits,) = _U32.unpack_from(buf, off)
         off += _U32.size
         nbytes = (n_bits + 7) // 8
-        bits = np.unpackbits(np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=off), count=n_bits,
-                             bitorder="little")
+        bits = np.unpackbits(
+            np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=off), count=n_bits, bitorder="little"
+        )
         idx = np.flatnonzero(bits.view(bool))  # a bool view: numpy counts it several times faster
         if idx.size != k:
             raise ValueError(f"corrupt update: its bitmap holds {idx.size} rows, its header says {k}")

@@ -26,36 +26,48 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # strict: `workers: true` is not 1 and `workers: 2.5` is not 2; no NaN or infinity in any field.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
 
 
 class HyperParams(_Strict):
-    """Model and optimiser settings; unset ones take the per-model default."""
+    """Model and optimiser settings; unset ones take the model's default (MODEL_DEFAULTS)."""
 
     rank: int | None = Field(None, ge=1, le=1024, description="PMF latent dimension")
     lr: float | None = Field(None, gt=0, le=100, description="learning rate")
     momentum: float | None = Field(None, ge=0, lt=1, description="Nesterov momentum (PMF)")
     l2: float | None = Field(None, ge=0, description="L2 regularisation")
     init_std: float | None = Field(None, gt=0, le=10, description="std of the initial factors (PMF)")
-    lr_decay: float | None = Field(None, gt=0, le=1, description="learning-rate factor applied each epoch")
+    lr_decay: float | None = Field(None, gt=0, le=1, description="learning rate × this at each epoch")
 
 
 class SyncSpec(_Strict):
-    mode: Literal["bsp", "ssp", "isp"] = "isp"
-    significance: float = Field(0.7, ge=0, description="ISP threshold v; v_t = v / sqrt(t); 0 is BSP")
-    slack: int = Field(3, ge=0, le=1000, description="SSP staleness bound s")
-    quantize: bool = Field(True, description="ISP (v > 0): send significant values as int8 with a per-row scale; "
-                                            "the rounding error stays pending (error feedback)")
+    """How the workers' updates meet (docs/ARCHITECTURE.md, "Synchronisation")."""
+
+    mode: Literal["bsp", "ssp", "isp"] = Field("isp", description="bsp | ssp | isp")
+    significance: float = Field(0.7, ge=0, description="ISP v: an entry is sent when |δ_i|/|x_i| > v/sqrt(t); "
+                                "0 = BSP exactly")
+    slack: int = Field(3, ge=0, le=1000, description="SSP: how many steps ahead of the slowest worker a worker "
+                       "may run")
+    quantize: bool = Field(True, description="ISP (v > 0): int8 values with a per-row scale; the rounding stays "
+                           "pending")
 
 
 class StopSpec(_Strict):
-    target_loss: float | None = Field(None, gt=0, description="stop when the training loss is at or below this")
-    patience: int = Field(10, ge=1, description="consecutive steps at or below target_loss")
-    target_test: float | None = Field(None, gt=0, description="stop when the test metric (RMSE / log-loss) is at or below this")
-    eval_every: int = Field(0, ge=0, description="evaluate the test split every N steps (0: only at the end; 50 with target_test)")
-    max_epochs: float = Field(10, gt=0)
-    max_seconds: float = Field(3600, gt=0)
-    budget_usd: float | None = Field(None, gt=0, description="stop before the estimated cost exceeds this")
+    """When a job ends (the first rule that holds)."""
+
+    target_loss: float | None = Field(None, gt=0, description="training loss (RMSE for pmf, log-loss for LR) at or "
+                                      "below this ...")
+    patience: int = Field(10, ge=1, description='... for this many consecutive steps: "converged"')
+    target_test: float | None = Field(None, gt=0, description="or: the held-out metric (validation if the data has "
+                                      'it, else test) at or below this: "converged"')
+    eval_every: int | None = Field(None, ge=0, description="score the held-out split every N steps (default: once an "
+                                   "epoch with a validation split, 50 with target_test; 0: never)")
+    patience_evals: int = Field(5, ge=1, description='validation: no better for this many scorings: "early_stopped"')
+    min_delta: float = Field(1e-4, ge=0, description="... where better means lower by this share at least")
+    max_epochs: float = Field(10, gt=0, description="passes over the training data")
+    max_seconds: float = Field(3600, gt=0, description="job time, across rounds")
+    budget_usd: float | None = Field(None, gt=0, description="stop before the estimated AWS cost would pass this")
 
 
 class ScheduleEntry(_Strict):
@@ -64,15 +76,20 @@ class ScheduleEntry(_Strict):
 
 
 class ScalingSpec(_Strict):
-    policy: Literal["autotune", "none", "schedule"] = "autotune"
-    min_workers: int = Field(1, ge=1)
-    interval_s: float = Field(20, gt=0, description="scheduling interval T")
-    horizon_s: float = Field(10, gt=0, description="look-ahead horizon Δ (≤ T)")
-    tolerance: float = Field(0.02, ge=0, le=1, description="evict when s_Δ(t) < tolerance")
-    knee_tolerance: float = Field(0.1, gt=0, description="knee: slope flatter than this share of the steepest")
-    knee_patience: int = Field(5, ge=1)
-    schedule: list[ScheduleEntry] = Field(default_factory=list)
-    scale_lr: bool = Field(True, description="below the initial fleet P, scale the learning rate by p/P")
+    """How the fleet changes as the model converges (docs/ARCHITECTURE.md, "auto-tuner")."""
+
+    policy: Literal["autotune", "none", "schedule"] = Field("autotune", description="autotune (MLLess scale-in) | "
+                                                            "none | schedule")
+    min_workers: int = Field(1, ge=1, description="never fewer workers than this")
+    interval_s: float = Field(20, gt=0, description="T: how often the auto-tuner decides")
+    horizon_s: float = Field(10, gt=0, description="Δ ≤ T: how far ahead it projects")
+    tolerance: float = Field(0.02, ge=0, le=1, description="S: evict while the projected degradation s_Δ < S")
+    knee_tolerance: float = Field(0.1, gt=0, description="knee: the smoothed slope is flatter than this share of "
+                                  "the steepest ...")
+    knee_patience: int = Field(5, ge=1, description="... for this many checks")
+    schedule: list[ScheduleEntry] = Field(default_factory=list, description="policy schedule: [{epoch: 2, workers: "
+                                          "4}, ...] (locally also scale-out)")
+    scale_lr: bool = Field(True, description="below the initial fleet P, learning rate × p/P (linear scaling rule)")
 
     @model_validator(mode="after")
     def _check(self):
@@ -83,31 +100,70 @@ class ScalingSpec(_Strict):
         return self
 
 
-class AwsSpec(_Strict):
-    """The configuration the job would have on AWS: used by the cost model."""
+class FaultSpec(_Strict):
+    """What the job does when a worker dies or stalls, or the update store goes away."""
 
-    memory_mb: int = Field(1769, ge=128, le=10240, description="Lambda memory per worker")
-    supervisor_memory_mb: int = Field(512, ge=128, le=10240)
-    arch: Literal["x86_64", "arm64"] = "x86_64"
-    cache_node_type: str = "cache.t4g.medium"
-    cache_nodes: int = Field(1, ge=1)
-    signal_channel: Literal["redis", "sns_sqs"] = "redis"
+    worker_timeout_s: float = Field(10, gt=0, description="a worker with no heartbeat for this long is lost")
+    startup_timeout_s: float = Field(120, gt=0, description="... before its first heartbeat of a round (process "
+                                     "start, Lambda cold start)")
+    on_worker_loss: Literal["evict", "restart_round", "fail"] = Field(
+        "evict", description="evict (go on without it) | restart_round (from its checkpoints) | fail; SSP restarts")
+    max_restarts: int = Field(3, ge=0, description="run rounds again at most this many times in a job")
+
+
+class PrepareSpec(_Strict):
+    """How to prepare ``data`` from a raw file when it holds no prepared dataset yet
+    (the flags of ``ebb prepare``; on AWS the Prepare state runs it)."""
+
+    format: Literal["movielens", "criteo", "libsvm", "csv"]
+    input: str = Field(description="raw input: a local file, s3://bucket/key, or (on AWS) a key in the data bucket")
+    test_input: str | None = Field(None, description="a separate test file (else test_fraction of the input)")
+    batch_size: int = Field(6250, ge=1, description="rows per minibatch (MLLess: 6,250)")
+    test_fraction: float = Field(0.1, ge=0, lt=1, description="share of the rows held out for test")
+    val_fraction: float = Field(0.0, ge=0, lt=1, description="share held out as a validation split (early stopping)")
+    seed: int = Field(0, description="the shuffle's seed")
+    skip_bad_rows: bool = Field(False, description="count and skip malformed rows instead of stopping")
+    num_features: int = Field(100_000, ge=1, description="hashing-trick dimension (criteo)")
+    numeric_scaling: Literal["log", "minmax"] = Field("log", description="criteo integer columns: log | minmax")
+
+
+class AwsSpec(_Strict):
+    """What the job runs on AWS (and what the cost model prices, locally too)."""
+
+    memory_mb: int = Field(1769, ge=128, le=10240, description="Lambda memory per worker (1769 MB = one vCPU)")
+    supervisor_memory_mb: int = Field(512, ge=128, le=10240, description="the supervisor's")
+    arch: Literal["x86_64", "arm64"] = Field("x86_64", description="x86_64 | arm64")
+    cache_node_type: str = Field("cache.t4g.medium", description="the cache's node type")
+    cache_nodes: int = Field(1, ge=1, description="and its nodes")
+    signal_channel: Literal["redis", "sns_sqs"] = Field("redis", description="redis | sns_sqs (one job at a time "
+                                                        "per deployment)")
 
 
 class JobSpec(_Strict):
-    name: str = Field(default_factory=lambda: f"job-{uuid.uuid4().hex[:8]}", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    model: ModelName = "pmf"
-    data: str = Field(description="prepared dataset folder (from `ebb prepare`)")
-    out: str | None = Field(None, description="output folder; default runs/<name>")
-    seed: int = 0
-    workers: int = Field(1, ge=1, le=256)
+    """A training job: every field, with its default (``ebb spec`` prints them all)."""
+
+    name: str = Field(default_factory=lambda: f"job-{uuid.uuid4().hex[:8]}", pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+                      description="outputs go to runs/<name> unless `out` is set (default: random)")
+    model: ModelName = Field("pmf", description="pmf (ratings) | sparse_lr (Criteo, LibSVM) | lr (dense CSV)")
+    data: str = Field(description="prepared dataset: a folder or s3://bucket/prefix (from `ebb prepare`)",
+                      json_schema_extra={"example": "data/ratings"})
+    prepare: PrepareSpec | None = Field(None, description="prepare `data` from a raw file first if it is not "
+                                        "prepared: {format, input, batch_size, test_fraction, ...} as ebb prepare")
+    out: str | None = Field(None, description="output folder or s3://bucket/prefix (default runs/<name>)")
+    seed: int = Field(0, description="initial model and minibatch order")
+    workers: int = Field(1, ge=1, le=256, description="workers at the start")
     hyper: HyperParams = Field(default_factory=HyperParams)
     sync: SyncSpec = Field(default_factory=SyncSpec)
     stop: StopSpec = Field(default_factory=StopSpec)
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
     aws: AwsSpec = Field(default_factory=AwsSpec)
-    redis_urls: list[str] = Field(default_factory=list, description="existing Redis servers; empty: start a private one")
-    round_seconds: float = Field(840, gt=0, description="Lambda round length before checkpoint-and-resume")
+    faults: FaultSpec = Field(default_factory=FaultSpec)
+    redis_urls: list[str] = Field(default_factory=list, description="locally: use these Redis servers (sharded) "
+                                  "instead of starting one")
+    round_seconds: float = Field(840, gt=0, description="training time per round, then checkpoint and resume in "
+                                 "fresh processes (Lambda: also the function's timeout less a margin)")
+    round_steps: int | None = Field(None, ge=2, description="at most this many steps per round (reproducible "
+                                    "cuts; under SSP a round runs at least slack + 2)")
 
     @model_validator(mode="after")
     def _fill_defaults(self):
@@ -116,15 +172,50 @@ class JobSpec(_Strict):
                 setattr(self.hyper, key, value)
         if self.scaling.min_workers > self.workers:
             self.scaling.min_workers = self.workers
-        if self.stop.target_test is not None and self.stop.eval_every == 0:
+        if self.stop.target_test is not None and self.stop.eval_every is None:
             self.stop.eval_every = 50
         if self.sync.mode == "ssp" and self.scaling.policy != "none" and self.workers > 1:
             raise ValueError("scaling.policy must be 'none' with sync.mode 'ssp' (workers change only at a barrier)")
         return self
 
     @property
-    def out_dir(self) -> Path:
-        return Path(self.out) if self.out else Path("runs") / self.name
+    def out_location(self) -> str:
+        """Where the outputs go: a folder or ``s3://bucket/prefix`` (default runs/<name>)."""
+        return self.out or str(Path("runs") / self.name)
+
+
+def example_yaml() -> str:
+    """Every field of a job file with its default and what it means, as YAML (``ebb spec``,
+    the README): generated from the spec itself, so the two never disagree."""
+    lines: list[str] = []
+    per_model = "; ".join(f"{m}: " + ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                                               for k, v in d.items()) for m, d in MODEL_DEFAULTS.items())
+
+    def add(text: str, note: str) -> None:
+        if not note:
+            lines.append(text)
+        elif len(text) < 26 and 28 + len(note) <= 112:
+            lines.append(f"{text:<26}# {note}")
+        else:  # a long note goes on its own line, above
+            lines.append(f"{' ' * (len(text) - len(text.lstrip()))}# {note}")
+            lines.append(text)
+
+    def emit(model: type[BaseModel], indent: str) -> None:
+        for name, info in model.model_fields.items():
+            value = info.get_default(call_default_factory=True)
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            value = "my-job" if name == "name" else extra.get("example", value)
+            if isinstance(value, BaseModel):
+                add(f"{indent}{name}:", (type(value).__doc__ or "").strip().splitlines()[0])
+                if type(value) is HyperParams:
+                    add(f"{indent}  # {per_model}", "")
+                emit(type(value), indent + "  ")
+                continue
+            text = yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
+            add(f"{indent}{name}: {text.removesuffix('...').strip()}", info.description or "")
+
+    emit(JobSpec, "")
+    return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
 class SpecError(ValueError):
@@ -177,14 +268,23 @@ def load_spec(path: str | Path | None = None, overrides: dict[str, Any] | None =
         raise SpecError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
     if doc is None:
         doc = {}
-    if not isinstance(doc, dict):
-        raise SpecError(f"{source}:1: a job file is a mapping of fields, got {type(doc).__name__}")
     lines = _key_lines(text) if text else {}
     overridden = set()
-    for dotted, value in (overrides or {}).items():
-        if value is not None:
-            _set_path(doc, dotted, value)
-            overridden.add(tuple(dotted.split(".")))
+    if isinstance(doc, dict):
+        for dotted, value in (overrides or {}).items():
+            if value is not None:
+                _set_path(doc, dotted, value)
+                overridden.add(tuple(dotted.split(".")))
+    return parse_spec(doc, source, lines=lines, overridden=overridden)
+
+
+def parse_spec(doc: Any, source: str, *, lines: dict[tuple, int] | None = None,
+               overridden: set[tuple] | frozenset = frozenset()) -> JobSpec:
+    """Validate a job document (a parsed YAML file, or a state machine's JSON input);
+    a problem is a SpecError naming ``source`` (and the line, when known) and the field."""
+    if not isinstance(doc, dict):
+        raise SpecError(f"{source}:1: a job file is a mapping of fields, got {type(doc).__name__}")
+    lines = lines or {}
     try:
         return JobSpec.model_validate(doc)
     except ValidationError as exc:

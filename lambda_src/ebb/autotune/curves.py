@@ -21,7 +21,8 @@ parameters whatever the units.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
+from collections.abc import Callable
 
 import numpy as np
 from scipy.optimize import least_squares, nnls

@@ -281,7 +281,7 @@ class ScaleInTuner:
         self.decisions = [dict(record) for record in state.get("decisions", [])]
 
     @classmethod
-    def from_state_dict(cls, state: dict) -> "ScaleInTuner":
+    def from_state_dict(cls, state: dict) -> ScaleInTuner:
         """A new tuner restored from ``state_dict``."""
         tuner = cls(**state["config"])
         tuner.load_state_dict(state)

@@ -5,6 +5,7 @@ A prepared dataset is a prefix in an object store holding::
     manifest.json
     train/part-000000, train/part-000001, ...   fixed-size training minibatches
     test/part-000000, ...                       the held-out split, same encoding
+    val/part-000000, ...                        a validation split (optional), same encoding
 
 Each part is an uncompressed ``.npz`` (numpy arrays only, loaded with
 ``allow_pickle=False``). Three kinds of batch exist:
@@ -28,6 +29,7 @@ import numpy as np
 
 MANIFEST_KEY = "manifest.json"
 KINDS = ("ratings", "sparse", "dense")
+SPLITS = ("train", "val", "test")
 BATCH_ARRAYS = {
     "ratings": ("user", "item", "rating"),
     "sparse": ("label", "indptr", "indices", "values"),
@@ -36,7 +38,7 @@ BATCH_ARRAYS = {
 
 
 def part_key(split: str, index: int) -> str:
-    """Object key of minibatch ``index`` of ``split`` ("train" or "test")."""
+    """Object key of minibatch ``index`` of ``split`` ("train", "val" or "test")."""
     return f"{split}/part-{index:06d}"
 
 
@@ -85,6 +87,9 @@ class Manifest:
     seed: int
     train: SplitInfo
     test: SplitInfo
+    # Held out for choosing hyper-parameters and when to stop; empty unless prepared with
+    # a validation fraction (manifests written before it existed have none).
+    val: SplitInfo = field(default_factory=SplitInfo)
     num_users: int = 0  # ratings
     num_items: int = 0  # ratings
     num_features: int = 0  # sparse / dense
@@ -96,9 +101,10 @@ class Manifest:
         return json.dumps(asdict(self), indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "Manifest":
+    def from_json(cls, text: str) -> Manifest:
         raw = json.loads(text)
-        for split in ("train", "test"):
-            s = raw[split]
-            raw[split] = SplitInfo(rows=s["rows"], parts=[PartInfo(**p) for p in s["parts"]])
+        for split in SPLITS:
+            if split in raw:  # no "val" in manifests written before it existed
+                s = raw[split]
+                raw[split] = SplitInfo(rows=s["rows"], parts=[PartInfo(**p) for p in s["parts"]])
         return cls(**raw)

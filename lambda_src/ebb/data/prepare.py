@@ -6,8 +6,10 @@ in memory with the same RNG and emitted. The concatenation is a uniformly random
 seed-deterministic permutation of all rows (assignment to iid buckets + a uniform
 permutation inside each bucket), so files larger than memory are shuffled exactly.
 
-The shuffled rows are split into train/test, cut into parts of ``batch_size`` rows
-and written to the store; ``manifest.json`` is written last, so its presence means the
+The shuffled rows are split into train/validation/test (in that order of the shuffled
+stream, so a validation split takes its rows from what would otherwise be training rows
+and leaves the test split as it was), cut into parts of ``batch_size`` rows and written
+to the store; ``manifest.json`` is written last, so its presence means the
 dataset is complete. Min-max ranges (CSV, Criteo ``minmax``) are gathered during the
 bucket pass (the streaming first pass) over the training *input* — which holds the
 held-out rows too when the test split is cut from it; a separate ``test_input`` never
@@ -21,12 +23,14 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from ebb.data.format import (
     MANIFEST_KEY,
+    SPLITS,
     Manifest,
     PartInfo,
     SplitInfo,
@@ -224,7 +228,8 @@ class _PartWriter:
         while self._pending_rows - start >= self.batch_size:
             self._write(slice_chunk(self.kind, merged, start, start + self.batch_size))
             start += self.batch_size
-        self._pending = [slice_chunk(self.kind, merged, start, self._pending_rows)] if start < self._pending_rows else []
+        left = start < self._pending_rows
+        self._pending = [slice_chunk(self.kind, merged, start, self._pending_rows)] if left else []
         self._pending_rows -= start
 
     def close(self) -> SplitInfo:
@@ -386,6 +391,7 @@ def prepare_dataset(
     test_input: str | os.PathLike | None = None,
     batch_size: int = 6250,
     test_fraction: float = 0.1,
+    val_fraction: float = 0.0,
     seed: int = 0,
     skip_bad_rows: bool = False,
     num_features: int = 100_000,
@@ -393,17 +399,24 @@ def prepare_dataset(
     progress: Progress | None = None,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     tmp_dir: str | os.PathLike | None = None,
+    input_name: str | None = None,
+    test_input_name: str | None = None,
 ) -> Manifest:
     """Parse, shuffle (seeded), split and store ``input_path`` as minibatch parts.
 
     ``fmt`` is movielens | criteo | libsvm | csv. The test split is ``test_input`` when
     given (MovieLens rows of users/items unseen in training are dropped and counted),
-    else the last ``test_fraction`` of the shuffled rows. ``num_features`` (hashing
+    else the last ``test_fraction`` of the shuffled rows. The validation split is the
+    ``val_fraction`` of the input's shuffled rows just before the test rows (none by
+    default): no row is in two splits, and the test split does not depend on it.
+    ``num_features`` (hashing
     dimension) and ``numeric_scaling`` (log | minmax | none) apply to Criteo; LibSVM's
     dimension is its largest index + 1; CSV features are min-max scaled with the
     range of ``input_path``. ``bucket_bytes`` is the input per shuffle bucket (memory bound);
     ``progress(rows, note)`` is called about every 100k rows. Deterministic for a given
     input, seed and ``bucket_bytes``. The manifest is written last and returned.
+    ``input_name`` and ``test_input_name`` are what the manifest records as the inputs
+    (default: their paths), e.g. the ``s3://`` URL a local copy was fetched from.
     """
     if fmt not in FORMAT_KINDS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {sorted(FORMAT_KINDS)}")
@@ -411,6 +424,10 @@ def prepare_dataset(
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if test_input is None and test_fraction + val_fraction >= 1.0:
+        raise ValueError(f"test_fraction + val_fraction must be below 1, got {test_fraction} + {val_fraction}")
     if seed < 0:
         raise ValueError(f"seed must be non-negative, got {seed}")
     if numeric_scaling not in NUMERIC_SCALINGS:
@@ -432,24 +449,31 @@ def prepare_dataset(
 
         total = train_shuffle.rows
         test_rows = 0 if test_shuffle is not None else int(round(total * test_fraction))
-        train_rows = total - test_rows
+        val_rows = round(total * val_fraction)
+        train_rows = total - val_rows - test_rows
         if train_rows <= 0:
-            raise ValueError(f"{input_path}: no training rows")
+            raise ValueError(f"{input_name or input_path}: no training rows")
         # Reading succeeded; from here parts are overwritten, so an interrupted run must
         # not leave the old manifest describing half-new parts.
         store.delete(MANIFEST_KEY)
         train = _PartWriter(store, "train", kind, batch_size)
+        val = _PartWriter(store, "val", kind, batch_size)
         test = _PartWriter(store, "test", kind, batch_size)
+        # Row ranges of the shuffled input stream: [0, train_rows) → train, then val, then test.
+        ranges = [
+            (train, 0, train_rows),
+            (val, train_rows, train_rows + val_rows),
+            (test, train_rows + val_rows, total),
+        ]
         writing = _Progress(progress, "writing parts")
         emitted = 0
         for chunk in train_shuffle:
             chunk = ingest.finish(chunk)
             rows = batch_rows(chunk)
-            to_train = min(rows, max(0, train_rows - emitted))
-            if to_train:
-                train.add(slice_chunk(kind, chunk, 0, to_train))
-            if to_train < rows:
-                test.add(slice_chunk(kind, chunk, to_train, rows))
+            for writer, lo, hi in ranges:
+                start, stop = max(lo - emitted, 0), min(hi - emitted, rows)
+                if start < stop:
+                    writer.add(slice_chunk(kind, chunk, start, stop))
             emitted += rows
             writing.tick(rows)
         for chunk in test_shuffle or ():
@@ -458,10 +482,11 @@ def prepare_dataset(
         writing.done()
 
     source: dict[str, Any] = {
-        "input": str(input_path),
-        "test_input": None if test_input is None else str(test_input),
+        "input": input_name or str(input_path),
+        "test_input": None if test_input is None else test_input_name or str(test_input),
         "options": {
             "test_fraction": test_fraction,
+            "val_fraction": val_fraction,
             "skip_bad_rows": skip_bad_rows,
             "num_features": num_features,
             "numeric_scaling": numeric_scaling,
@@ -471,7 +496,7 @@ def prepare_dataset(
         "skipped_rows": ingest.skipped_rows,
         "bad_row_examples": ingest.bad_rows,
     }
-    train_info, test_info = train.close(), test.close()
+    train_info, val_info, test_info = train.close(), val.close(), test.close()
     manifest = Manifest(
         format=fmt,
         kind=kind,
@@ -479,7 +504,8 @@ def prepare_dataset(
         seed=seed,
         train=train_info,
         test=test_info,
-        stats={**train.stats(""), **test.stats("test_")},
+        val=val_info,
+        stats={**train.stats(""), **val.stats("val_"), **test.stats("test_")},
         source=source,
     )
     if kind == "ratings":
@@ -491,7 +517,9 @@ def prepare_dataset(
     else:
         manifest.num_features = ingest.dimension()
     if fmt == "criteo":
-        source["hashing"] = f"I{{j}} -> j-1; C{{j}}=v -> 13 + fnv1a64(b'C{{j}}=' + v) mod {num_features - CRITEO_NUMERIC}"
+        source["hashing"] = (
+            f"I{{j}} -> j-1; C{{j}}=v -> 13 + fnv1a64(b'C{{j}}=' + v) mod {num_features - CRITEO_NUMERIC}"
+        )
     if ingest.feature_range is not None:
         source["scaling"] = {"method": "minmax", **ingest.feature_range.to_json()}
     if fmt == "csv":
@@ -511,9 +539,9 @@ def _fill(shuffle: ExternalShuffle, chunks: Iterator[dict[str, np.ndarray]], pro
 
 def _delete_stale_parts(store: ObjectStore, manifest: Manifest) -> None:
     """Remove parts left by an earlier, larger preparation under the same prefix."""
-    current = {p.key for split in (manifest.train, manifest.test) for p in split.parts}
-    for split in ("train/", "test/"):
-        for key in store.list(split):
+    current = {p.key for split in SPLITS for p in getattr(manifest, split).parts}
+    for split in SPLITS:
+        for key in store.list(f"{split}/"):
             if key not in current:
                 store.delete(key)
 
@@ -545,8 +573,64 @@ def load_part(store: ObjectStore, part: PartInfo) -> dict[str, np.ndarray]:
 
 
 def iter_parts(store: ObjectStore, manifest: Manifest, split: str) -> Iterator[dict[str, np.ndarray]]:
-    """Every part of ``split`` ("train" or "test") in order, checksums verified."""
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    """Every part of ``split`` ("train", "val" or "test") in order, checksums verified."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     for part in getattr(manifest, split).parts:
         yield load_part(store, part)
+
+
+class InputError(ValueError):
+    """An input of a prepare job cannot be read (``field`` names which: input, test_input)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def prepare_from_spec(prep, store: ObjectStore, progress: Progress | None = None) -> Manifest:
+    """Prepare a dataset as a job spec's ``prepare`` section (``ebb.spec.PrepareSpec``) says.
+
+    Inputs may be local files or ``s3://`` objects (fetched to a temporary copy, deleted
+    afterwards); errors name the input as given, never the temporary copy. An unreadable
+    input is an ``InputError``; a bad row a ``DataError`` (``file:line: what is wrong``).
+    """
+    from contextlib import ExitStack
+
+    from ebb.stores import is_s3, local_copy
+
+    with ExitStack() as fetched:
+        local: dict[str, str] = {}
+        for field, location in (("input", prep.input), ("test_input", prep.test_input)):
+            if location is None:
+                continue
+            if not is_s3(location) and not Path(location).is_file():
+                raise InputError(field, f"no such file: {location}")
+            try:
+                local[location] = str(fetched.enter_context(local_copy(location)))
+            except KeyError as exc:
+                raise InputError(field, exc.args[0]) from None
+            except (ValueError, OSError) as exc:
+                raise InputError(field, str(exc)) from None
+        try:
+            return prepare_dataset(
+                prep.format,
+                local[prep.input],
+                store,
+                test_input=local.get(prep.test_input),
+                input_name=prep.input,
+                test_input_name=prep.test_input,
+                batch_size=prep.batch_size,
+                test_fraction=prep.test_fraction,
+                val_fraction=prep.val_fraction,
+                seed=prep.seed,
+                skip_bad_rows=prep.skip_bad_rows,
+                num_features=prep.num_features,
+                numeric_scaling=prep.numeric_scaling,
+                progress=progress,
+            )
+        except ValueError as exc:  # a bad row, or no rows at all: name the input as given
+            message = str(exc)
+            for location, path in local.items():
+                message = message.replace(path, location)
+            raise DataError(message) from None

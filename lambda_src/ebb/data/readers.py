@@ -26,7 +26,8 @@ import os
 import warnings
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -41,6 +42,10 @@ CRITEO_FIELDS = 1 + CRITEO_NUMERIC + CRITEO_CATEGORICAL
 NUMERIC_SCALINGS = ("log", "minmax", "none")
 
 _MAX_INDEX = np.iinfo(np.int32).max - 1  # feature indices are stored as int32
+
+
+# A rating must survive float32 and the squared sums of the dataset's statistics.
+MAX_RATING = 1e6
 
 
 class DataError(ValueError):
@@ -272,8 +277,9 @@ class MovieLensReader(_LineReader):
         if table.shape[1] != 4:
             return None
         ids = table[:, :2]
-        if not (np.isfinite(table).all() and (ids == np.round(ids)).all()):
-            return None
+        if not (np.isfinite(table).all() and (ids == np.round(ids)).all()
+                and (np.abs(table[:, 2]) <= MAX_RATING).all()):
+            return None  # the line-by-line path names the bad row
         return {
             "user": ids[:, 0].astype(np.int64),
             "item": ids[:, 1].astype(np.int64),
@@ -287,6 +293,8 @@ class MovieLensReader(_LineReader):
         user = _int_field(fields[0], "user id")
         item = _int_field(fields[1], "item id")
         rating = _float_field(fields[2], "rating")
+        if abs(rating) > MAX_RATING:
+            raise _BadRow(f"rating {_text(fields[2])!r} is out of range (|rating| ≤ {MAX_RATING:g})")
         _float_field(fields[3], "timestamp")
         return user, item, rating
 

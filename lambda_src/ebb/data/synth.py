@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -229,6 +231,362 @@ def synth_ratings(
         "min_user_ratings": min_user_ratings, "min_item_ratings": min_item_ratings,
         "signal_std": float(signal.std()), "rating_std": float(rating.std()),
     })  # fmt: skip
+
+
+# ------------------------------------------------------------- ratings shaped like real ones
+
+
+@dataclass(frozen=True)
+class RatingsPreset:
+    """The shape of a public MovieLens file, as documented (the files are never fetched).
+
+    ``user_quantiles``/``item_quantiles`` are ``(p, count)`` points of the ratings-per-
+    user/item distribution (the first is the minimum at p = 0, the last the maximum at
+    the top user's/item's mid-rank ``1 - 0.5/n``); the generated counts pass through
+    them, and a further point at ``p = 0.95`` is solved so they sum to ``ratings``.
+    """
+
+    users: int
+    items: int
+    ratings: int
+    step: float  # 1.0: integer stars 1–5; 0.5: half stars 0.5–5
+    user_quantiles: tuple[tuple[float, float], ...]
+    item_quantiles: tuple[tuple[float, float], ...]
+    rating_mean: float  # of the real file: the planted μ is solved to reproduce it
+    rating_std: float  # of the real file: ``noise`` was chosen to come within 0.04 of it
+    noise: float
+    whole_star_share: float = 0.0  # half-star scale: share of ratings by users who rate whole stars only
+
+    @property
+    def lowest(self) -> float:
+        return self.step if self.step < 1 else 1.0
+
+
+# Sources: the GroupLens READMEs (counts, scales, ≥ 20 ratings per user), the per-user
+# and per-item count summaries widely published for ml-100k and ml-latest-small
+# (quartiles, maxima, means; 3,446 of ml-latest-small's 9,724 items rated once), KONECT
+# (ML-10M means 143.1 per user and 936.6 per item, maxima 7,359 and 34,864) and the
+# LensKit data descriptions (ML-10M: users' counts ≈ 18.5 + 48.8·e^{1.60 Z}, items'
+# ≈ 0.7 + 140·e^{2.12 Z}, Z standard normal, whose quantiles are used here); the rating
+# histograms give each file's mean and std.
+RATING_PRESETS: dict[str, RatingsPreset] = {
+    # 943 users × 1,682 items, 100,000 ratings 1–5 (6 / 11 / 27 / 34 / 21 %; mean 3.53,
+    # std 1.13). Per user: 20, 33, 65, 148 at the quartiles, 737 max, mean 106. Per item:
+    # 1, 6, 27, 80, 583 max, mean 59.5; about 140 items (8 %) rated once.
+    "ml-100k": RatingsPreset(
+        users=943, items=1682, ratings=100_000, step=1.0,
+        user_quantiles=((0.0, 20), (0.25, 33), (0.5, 65), (0.75, 148), (1 - 0.5 / 943, 737)),
+        item_quantiles=((0.0, 1), (0.084, 1.5), (0.25, 6), (0.5, 27), (0.75, 80), (1 - 0.5 / 1682, 583)),
+        rating_mean=3.530, rating_std=1.126, noise=0.85,
+    ),
+    # 610 users × 9,724 items, 100,836 half-star ratings (mean 3.50, std 1.04; 30 % on a
+    # half star, 4.0 the most common value). Per user: 20, 35, 70.5, 168, 2,698 max, mean
+    # 165. Per item: 1, 1, 3, 9, 329 max, mean 10.4: 35 % of items rated once.
+    "ml-latest-small": RatingsPreset(
+        users=610, items=9724, ratings=100_836, step=0.5,
+        user_quantiles=((0.0, 20), (0.25, 35), (0.5, 70.5), (0.75, 168), (1 - 0.5 / 610, 2698)),
+        item_quantiles=((0.0, 1), (0.354, 1.5), (0.5, 3), (0.75, 9), (1 - 0.5 / 9724, 329)),
+        rating_mean=3.502, rating_std=1.043, noise=0.72, whole_star_share=0.35,
+    ),
+    # 69,878 users × 10,677 items, 10,000,054 half-star ratings (mean 3.51, std 1.06; 20 %
+    # on a half star: half stars came in 2003, earlier users rated whole stars). Per user:
+    # 20 min, quartiles ≈ 35, 67, 162, 7,359 max, mean 143. Per item: 1 min, 5 and 10 at
+    # the 5th and 10th percentiles (about 1 % rated once), quartiles ≈ 34, 141, 586,
+    # 34,864 max, mean 937.
+    "ml-10m": RatingsPreset(
+        users=69_878, items=10_677, ratings=10_000_054, step=0.5,
+        user_quantiles=((0.0, 20), (0.25, 35), (0.5, 67), (0.75, 162), (1 - 0.5 / 69_878, 7359)),
+        item_quantiles=((0.0, 1), (0.05, 5), (0.1, 10), (0.25, 34), (0.5, 141), (0.75, 586),
+                        (1 - 0.5 / 10_677, 34_864)),
+        rating_mean=3.512, rating_std=1.060, noise=0.72, whole_star_share=0.55,
+    ),
+}
+_TAIL_P = 0.95  # where the solved point of the count distribution sits
+HIGHEST_RATING = 5.0
+# Planted structure of the shaped generator (rating units): a user's and an item's bias,
+# a rank-r interaction, and popular items rated higher, as in MovieLens.
+USER_BIAS_STD = 0.45
+ITEM_BIAS_STD = 0.55
+INTERACTION_STD = 0.45
+POPULARITY_BIAS_CORR = 0.3
+BIAS_SKEW_SHAPE = 2.0
+
+
+def _quantile_counts(n: int, points: list[tuple[float, float]]) -> np.ndarray:
+    """Counts at the mid-ranks ``(k + ½)/n`` of a distribution through ``points``: log
+    count linear in ``-log(1 - p)`` between them (a Pareto tail is a straight line there)."""
+    p = (np.arange(n) + 0.5) / n
+    at = -np.log1p(-np.array([q for q, _ in points]))
+    return np.exp(np.interp(-np.log1p(-p), at, np.log([c for _, c in points])))
+
+
+def _degree_sequence(n: int, quantiles, total: int, cap: int, rng: np.random.Generator, what: str) -> np.ndarray:
+    """``n`` integer counts through the ``quantiles`` points that sum to ``total``, none
+    above ``cap``, in random order. A point at p = 0.95 is solved for the sum; when the
+    points cannot reach it (a scaled-down shape), the counts above the minimum are scaled."""
+    points = [(p, c) for p, c in quantiles]
+    minimum = points[0][1]
+    if not minimum * n <= total <= cap * n:
+        raise ValueError(f"{total} ratings cannot be spread over {n} {what} with at least {minimum:g} and at most "
+                         f"{cap} each: change the number of ratings, users or items")
+    below = [pt for pt in points if pt[0] < _TAIL_P]
+    above = [pt for pt in points if pt[0] > _TAIL_P]
+
+    def counts_with_tail(log_value: float) -> np.ndarray:
+        pts = below + [(_TAIL_P, float(np.exp(log_value)))] + above
+        return np.minimum(_quantile_counts(n, pts), cap)
+
+    low, high = np.log(below[-1][1]), np.log(above[0][1]) if above else np.log(cap)
+    if counts_with_tail(low).sum() <= total <= counts_with_tail(high).sum():
+        for _ in range(60):
+            mid = 0.5 * (low + high)
+            low, high = (mid, high) if counts_with_tail(mid).sum() < total else (low, mid)
+        counts = counts_with_tail(0.5 * (low + high))
+    else:
+        base = _quantile_counts(n, points)
+        lo_scale, hi_scale = 0.0, 1.0
+        while np.minimum(minimum + hi_scale * (base - minimum), cap).sum() < total:
+            hi_scale *= 2
+        for _ in range(60):
+            mid = 0.5 * (lo_scale + hi_scale)
+            if np.minimum(minimum + mid * (base - minimum), cap).sum() < total:
+                lo_scale = mid
+            else:
+                hi_scale = mid
+        counts = np.minimum(minimum + hi_scale * (base - minimum), cap)
+    # Rounded, and the sum made exact at the top of the distribution (a few counts ±1
+    # there), so the low end — how many are rated once — stays as planted.
+    whole = np.floor(counts + 0.5).astype(np.int64)
+    while (missing := total - int(whole.sum())) != 0:
+        movable = np.flatnonzero(whole < cap) if missing > 0 else np.flatnonzero(whole > minimum)
+        top = movable[np.argsort(-whole[movable], kind="stable")[: abs(missing)]]
+        whole[top] += 1 if missing > 0 else -1
+    return rng.permutation(whole)
+
+
+def _bipartite(
+    user_degree: np.ndarray, item_degree: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct (user, item) pairs with exactly these counts on both sides.
+
+    Items take their raters in decreasing order of count; each draws its users without
+    replacement with weights the odds ``f / (1 - f)`` of ``f`` = the user's remaining
+    quota over the items left (sequential conditional-Poisson sampling), and a user whose
+    quota equals the items left is taken by each of them. Every user then ends at their
+    quota, and the pairs are as random as the two count sequences allow.
+    """
+    quota = user_degree.astype(np.int64).copy()
+    users_out, items_out = [], []
+    left = len(item_degree)
+    for item in np.argsort(-item_degree, kind="stable").tolist():
+        need = int(item_degree[item])
+        active = np.flatnonzero(quota)
+        share = quota[active] / left
+        forced = share >= 1.0
+        free = active[~forced]
+        k = need - int(forced.sum())
+        if k < 0 or k > len(free):
+            raise ValueError("these per-user and per-item counts admit no set of distinct pairs")
+        if k:
+            f = share[~forced]
+            keys = np.log(f) - np.log1p(-f) + rng.gumbel(size=len(free))
+            chosen = np.concatenate([active[forced], free[np.argpartition(-keys, k - 1)[:k]]])
+        else:
+            chosen = active[forced]
+        quota[chosen] -= 1
+        users_out.append(chosen)
+        items_out.append(np.full(len(chosen), item, dtype=np.int64))
+        left -= 1
+    return np.concatenate(users_out), np.concatenate(items_out)
+
+
+def _rounded(latent: np.ndarray, step: np.ndarray, lowest: np.ndarray) -> np.ndarray:
+    """Ratings as users enter them: the nearest star (or half star), within the scale."""
+    return np.clip(np.floor(latent / step + 0.5) * step, lowest, HIGHEST_RATING)
+
+
+def _rating_moments(
+    mean: np.ndarray, noise: float, step: np.ndarray, lowest: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """E and Var of the entered rating given its planted mean, exactly (normal CDFs)."""
+    from scipy.special import ndtr
+
+    first, second = np.zeros_like(mean), np.zeros_like(mean)
+    for value in np.arange(0.5, HIGHEST_RATING + 0.25, 0.5):
+        # P(rounded to `value`) for users of each step; values off a user's grid get 0.
+        lower = np.where(np.isclose(value, lowest), -np.inf, value - step / 2)
+        upper = np.where(np.isclose(value, HIGHEST_RATING), np.inf, value + step / 2)
+        on_grid = (value >= lowest - 1e-9) & np.isclose(np.round(value / step) * step, value)
+        prob = np.where(on_grid, ndtr((upper - mean) / noise) - ndtr((lower - mean) / noise), 0.0)
+        first += prob * value
+        second += prob * value**2
+    return first, second - first**2
+
+
+def synth_shaped_ratings(
+    out_path: str | os.PathLike,
+    *,
+    preset: str = "ml-latest-small",
+    users: int | None = None,
+    items: int | None = None,
+    ratings: int | None = None,
+    rank: int = 10,
+    noise: float | None = None,
+    spectrum_decay: float = SPECTRUM_DECAY,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Ratings shaped like a public MovieLens file (``preset``), with planted structure.
+
+    The real files (shapes in :data:`RATING_PRESETS`) are sparse in a way the planted
+    generator (:func:`synth_ratings`) is not: every user has at least 20 ratings and a
+    few have thousands (users' counts are heavy-tailed: the median user rates 65–70, the
+    mean is 1.6–2.4× that); items' counts have a long tail (ml-latest-small: 35 % of items
+    rated once, median 3; ml-100k: median 27, 8 % rated once; ML-10M: median ≈ 140, the
+    top item rated by half the users). Ratings are whole stars 1–5 (ml-100k) or half
+    stars 0.5–5, where a whole star is far more common than a half one (30 % half stars
+    in ml-latest-small, 20 % in ML-10M: a share of the users rate whole stars only).
+
+    Here the per-user and per-item counts pass through the documented quantiles and sum
+    exactly to ``ratings``; the pairs are drawn with exactly those counts
+    (:func:`_bipartite`). Each rating is ``μ + b_u + b_i + U_u·V_i + N(0, noise²)``,
+    rounded to the user's step and clipped to the scale: biases of std 0.45 (users) and
+    0.55 (items, correlated 0.3 with the log of the item's count: popular items are rated
+    higher), both skewed to the left (the harsh rater, the bad film), and a rank-``rank``
+    interaction of std 0.45 whose components fall off by ``spectrum_decay``; μ is solved
+    so the mean rating is the real file's. The best any model can do is to predict each
+    rating's expected value given the planted mean: the sidecar's ``noise_floor_rmse`` is
+    that predictor's RMSE on the generated ratings (``expected_floor_rmse`` its
+    expectation), and ``shape`` the realised counts and rating histogram.
+
+    ``users``/``items``/``ratings`` rescale the shape (counts above the minimum scaled
+    so that they sum to ``ratings``). The format follows the extension, as for
+    :func:`synth_ratings`; raw ids are 1-based.
+    """
+    if preset not in RATING_PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(RATING_PRESETS)}")
+    shape = RATING_PRESETS[preset]
+    users, items, ratings = users or shape.users, items or shape.items, ratings or shape.ratings
+    noise = shape.noise if noise is None else noise
+    if ratings > 0.5 * users * items:
+        raise ValueError(f"{ratings} ratings is more than half of the {users}×{items} matrix")
+    rng = np.random.default_rng(seed)
+    # Rescaled counts keep the shape: every point above the minimum moves with the mean.
+    user_points = _rescaled(shape.user_quantiles, ratings / users, shape.ratings / shape.users)
+    item_points = _rescaled(shape.item_quantiles, ratings / items, shape.ratings / shape.items)
+    # The busiest user (item) covers the same share of the items (users) as in the real file.
+    user_cap = min(items, max(20, round(shape.user_quantiles[-1][1] / shape.items * items)))
+    item_cap = min(users, max(1, round(shape.item_quantiles[-1][1] / shape.users * users)))
+    user_degree = _degree_sequence(users, user_points, ratings, user_cap, rng, "users")
+    item_degree = _degree_sequence(items, item_points, ratings, item_cap, rng, "items")
+    user, item = _bipartite(user_degree, item_degree, rng)
+    order = rng.permutation(ratings)  # file order is random, like u.data
+    user, item = user[order], item[order]
+
+    # Planted structure.
+    user_bias = USER_BIAS_STD * _left_skewed(rng, users)
+    log_count = np.log(item_degree)
+    popularity = (log_count - log_count.mean()) / max(log_count.std(), 1e-12)
+    item_bias = ITEM_BIAS_STD * (
+        POPULARITY_BIAS_CORR * popularity + np.sqrt(1 - POPULARITY_BIAS_CORR**2) * _left_skewed(rng, items)
+    )
+    product_std = spectrum_decay ** np.arange(rank, dtype=float)
+    product_std *= INTERACTION_STD**2 / product_std.sum()  # variances of the components
+    user_factors = rng.normal(0.0, 1.0, (users, rank)) * product_std**0.25
+    item_factors = rng.normal(0.0, 1.0, (items, rank)) * product_std**0.25
+    signal = user_bias[user] + item_bias[item] + np.einsum("nk,nk->n", user_factors[user], item_factors[item])
+    # Who rates in whole stars: a random set of users holding whole_star_share of the ratings.
+    whole_star = np.zeros(users, dtype=bool)
+    if shape.step < 1:
+        by_user = rng.permutation(users)
+        whole_star[by_user[np.cumsum(user_degree[by_user]) <= shape.whole_star_share * ratings]] = True
+    step = np.where(whole_star[user] | (shape.step >= 1), 1.0, 0.5)
+    lowest = np.where(step >= 1, 1.0, 0.5)
+    noise_draw = rng.normal(0.0, noise, ratings)
+    mu = _solve_mu(signal, noise_draw, step, lowest, shape.rating_mean)
+    mean = mu + signal
+    rating = _rounded(mean + noise_draw, step, lowest)
+    expected, variance = _rating_moments(mean, noise, step, lowest)
+
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    suffix = out.suffix.lower()
+    timestamp = 900_000_000 + np.arange(ratings)
+    value = "%d" if shape.step >= 1 else ("%.1f" if suffix == ".csv" else "%g")
+    columns = [user + 1, item + 1, rating, timestamp]
+    if suffix == ".csv":
+        _write_rows(out, "userId,movieId,rating,timestamp", f"%d,%d,{value},%d\n", columns)
+        flavour = "csv"
+    elif suffix == ".dat":
+        _write_rows(out, None, f"%d::%d::{value}::%d\n", columns)
+        flavour = "dat"
+    else:
+        _write_rows(out, None, f"%d\t%d\t{value}\t%d\n", columns)
+        flavour = "tab"
+    user_count, item_count = np.bincount(user, minlength=users), np.bincount(item, minlength=items)
+    return _write_meta(out, {
+        "kind": "ratings", "profile": "shaped", "preset": preset, "path": str(out), "flavour": flavour,
+        "seed": seed, "users": users, "items": items, "ratings": ratings,
+        "scale": {"lowest": shape.lowest, "highest": HIGHEST_RATING, "step": shape.step},
+        "whole_star_share": shape.whole_star_share if shape.step < 1 else 1.0,
+        "rank": rank, "noise": noise, "spectrum_decay": spectrum_decay, "mu": mu,
+        "user_bias_std": USER_BIAS_STD, "item_bias_std": ITEM_BIAS_STD, "interaction_std": INTERACTION_STD,
+        "popularity_bias_corr": POPULARITY_BIAS_CORR,
+        # The RMSE of the best possible predictor, E[rating | planted mean]; and of the
+        # planted mean itself (what a model that ignores the rounding and clipping aims at).
+        "noise_floor_rmse": float(np.sqrt(np.mean((rating - expected) ** 2))),
+        "expected_floor_rmse": float(np.sqrt(variance.mean())),
+        "planted_mean_rmse": float(np.sqrt(np.mean((rating - mean) ** 2))),
+        "signal_std": float(signal.std()),
+        "shape": _shape_summary(user_count, item_count, rating),
+        "target": {"rating_mean": shape.rating_mean, "rating_std": shape.rating_std,
+                   "user_quantiles": [list(q) for q in user_points], "item_quantiles": [list(q) for q in item_points]},
+    })  # fmt: skip
+
+
+def _left_skewed(rng: np.random.Generator, count: int) -> np.ndarray:
+    """Mean 0, std 1, skewness ``-2/sqrt(BIAS_SKEW_SHAPE)``: a mirrored standardised gamma.
+    Real users and items have a long tail of low means (the harsh rater, the bad film)."""
+    draw = rng.gamma(BIAS_SKEW_SHAPE, 1.0, count)
+    return (BIAS_SKEW_SHAPE - draw) / np.sqrt(BIAS_SKEW_SHAPE)
+
+
+def _rescaled(points, mean: float, preset_mean: float) -> list[tuple[float, float]]:
+    """Quantile points whose counts above the minimum are scaled by the ratio of the means."""
+    minimum = points[0][1]
+    ratio = (mean - minimum) / (preset_mean - minimum)
+    return [(p, c if i == 0 else minimum + ratio * (c - minimum)) for i, (p, c) in enumerate(points)]
+
+
+def _solve_mu(signal, noise_draw, step, lowest, target_mean: float) -> float:
+    """μ such that the mean entered rating is ``target_mean`` (bisection on a sample)."""
+    sample = slice(0, min(len(signal), 200_000))
+    low, high = target_mean - 3.0, target_mean + 3.0
+    for _ in range(40):
+        mid = 0.5 * (low + high)
+        mean = _rounded(mid + signal[sample] + noise_draw[sample], step[sample], lowest[sample]).mean()
+        low, high = (mid, high) if mean < target_mean else (low, mid)
+    return float(0.5 * (low + high))
+
+
+def _shape_summary(user_count: np.ndarray, item_count: np.ndarray, rating: np.ndarray) -> dict[str, Any]:
+    """The realised shape: counts per user and item, and the rating histogram."""
+
+    def counts(c):
+        q = np.percentile(c, [25, 50, 75])
+        return {"min": int(c.min()), "q1": float(q[0]), "median": float(q[1]), "q3": float(q[2]),
+                "max": int(c.max()), "mean": float(c.mean()),
+                "share_1": float(np.mean(c == 1)), "share_le_2": float(np.mean(c <= 2)),
+                "share_le_5": float(np.mean(c <= 5))}  # fmt: skip
+
+    values, hist = np.unique(rating, return_counts=True)
+    return {
+        "per_user": counts(user_count),
+        "per_item": counts(item_count),
+        "rating_mean": float(rating.mean()),
+        "rating_std": float(rating.std()),
+        "half_star_share": float(np.mean(rating % 1 != 0)),
+        "histogram": {f"{v:g}": round(float(h) / len(rating), 4) for v, h in zip(values, hist)},
+    }
 
 
 # ---------------------------------------------------------------------------- logistic

@@ -1,24 +1,33 @@
-"""What a finished job leaves behind: report.json, the merged model and a loss plot."""
+"""What a finished job leaves behind: report.json, the merged model and a loss plot,
+written through an object store (a folder locally, S3 on AWS)."""
 
 from __future__ import annotations
 
+import io
 import json
-from pathlib import Path
 
 import numpy as np
 
+from ebb.stores.base import ObjectStore
 
-def write_outputs(out_dir: Path, report: dict, replica: dict[str, np.ndarray] | None) -> dict[str, str]:
-    """Write report.json (always), model.npz and loss.png (when there is a model)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = {"report": str(out_dir / "report.json")}
+REPORT_KEY, MODEL_KEY, PLOT_KEY = "report.json", "model.npz", "loss.png"
+
+
+def write_outputs(out: ObjectStore, report: dict, replica: dict[str, np.ndarray] | None) -> dict[str, str]:
+    """Write report.json (always), model.npz and loss.png (when there is a model); returns
+    the keys written. The report goes last: a reader that finds it finds the rest."""
+    files = {}
     if replica is not None:
-        np.savez(out_dir / "model.npz", **replica)
-        files["model"] = str(out_dir / "model.npz")
+        buf = io.BytesIO()
+        np.savez(buf, **replica)
+        out.put(MODEL_KEY, buf.getvalue())
+        files["model"] = MODEL_KEY
     if report.get("history"):
-        files["loss_plot"] = str(plot_loss(out_dir / "loss.png", report))
+        out.put(PLOT_KEY, plot_loss(report))
+        files["loss_plot"] = PLOT_KEY
+    files["report"] = REPORT_KEY
     report["files"] = files
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=_jsonable))
+    out.put(REPORT_KEY, json.dumps(report, indent=2, default=_jsonable).encode())
     return files
 
 
@@ -28,8 +37,8 @@ def _jsonable(value):
     raise TypeError(f"cannot write {type(value).__name__} to report.json")
 
 
-def plot_loss(path: Path, report: dict) -> Path:
-    """Training loss against time, with the active workers on a second axis."""
+def plot_loss(report: dict) -> bytes:
+    """Training loss against time, with the active workers on a second axis (PNG bytes)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -48,6 +57,7 @@ def plot_loss(path: Path, report: dict) -> Path:
     spec = report.get("spec", {})
     ax.set_title(f"{spec.get('name', '')} {spec.get('model', '')} {spec.get('sync', {}).get('mode', '')}".strip())
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
-    return path
+    return buf.getvalue()

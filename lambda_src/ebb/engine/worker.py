@@ -12,10 +12,18 @@ supervisor's directive (continue, evict, join, stop).
 * SSP with slack s: the worker applies its own update at once and may start step t+1
   while the slowest worker has finished step ≥ t − s; it applies everyone's update of a
   step as soon as the step is cleared.
+
+A worker runs for one *round* (DESIGN §6). When a directive names the round's last step
+R, the worker trains no step past R; once R is applied it writes its checkpoint —
+replica, optimiser state, ISP accumulators, loop counters — and ends "unfinished". The
+next round's worker (a fresh process, or a fresh Lambda invocation) resumes from it.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -23,8 +31,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ebb.data.format import MANIFEST_KEY, Manifest, checksum, decode_batch, encode_batch
+from ebb.engine import checkpoint
 from ebb.engine.aggregate import RowMean
+from ebb.engine.clock import wall
 from ebb.engine.isp import SignificanceFilter
+from ebb.engine.messages import Directive, EndReport, StepReport
 from ebb.engine.striping import PartSequence, position_of
 from ebb.models import Model, build_model
 from ebb.sparse import RowUpdate
@@ -33,6 +44,7 @@ from ebb.stores.base import ObjectStore, SignalChannel, UpdateStore
 
 BLOB_WAIT_S = 120.0  # how long to wait for a peer's replica before calling the job broken
 DIRECTIVE_WAIT_S = 600.0  # a supervisor silent this long is gone
+WAIT_CHUNK_S = 1.0  # longest single blocking read: between them a worker notices it was cancelled
 
 
 class EngineError(RuntimeError):
@@ -41,21 +53,59 @@ class EngineError(RuntimeError):
 
 @dataclass
 class WorkerStart:
-    """Where a worker starts: at step 0 with everyone, or later as a joiner."""
+    """Where a worker starts: at step 0 with everyone, later as a joiner, or from its
+    checkpoint at the start of a later round (``resume``: the checkpoint's key)."""
 
     worker: int
     members: list[int]
+    round: int = 0
     step: int = 0
     cursor: int = 0
     donor_blob: str | None = None  # replica to copy before the first step (a joining worker)
+    resume: str | None = None
 
 
 def replica_blob(worker: int, step: int) -> str:
     return f"replica:{worker}:{step}"
 
 
-def final_blob(worker: int) -> str:
-    return f"final:{worker}"
+def held_out_split(manifest: Manifest) -> str:
+    """What is scored during training: the validation split if the data has one, else test."""
+    return "val" if manifest.val.parts else "test"
+
+
+def eval_interval(spec: JobSpec, manifest: Manifest) -> int:
+    """Steps between scorings of the held-out split (0: never). By default once an epoch
+    (of the initial fleet) when the data has a validation split: early stopping needs it."""
+    if spec.stop.eval_every is not None:
+        return spec.stop.eval_every
+    if manifest.val.parts:
+        return max(1, -(-len(manifest.train.parts) // spec.workers))
+    return 0
+
+
+BEST_KEY, BEST_META_KEY = "best.npz", "best.json"  # in the checkpoint store: the best scored replica
+
+
+def lost_blob(worker: int) -> str:
+    """Set by the supervisor when it gives up on a worker: should it come back, it leaves."""
+    return f"lost:{worker}"
+
+
+ABORT_BLOB = "abort"  # set by a supervisor that gave its round up: the waiting workers leave
+
+
+class Lost(Exception):
+    """The supervisor has given up on this worker (it stalled too long): leave quietly."""
+
+
+HEARTBEAT_S = 1.0
+SUPERVISOR = -1  # the supervisor's heartbeat slot in the update store
+
+
+def sync_mode(spec: JobSpec) -> str:
+    """The sync model the job's workers run: a job that starts alone (and never grows) is BSP."""
+    return spec.sync.mode if spec.workers > 1 or spec.scaling.policy == "schedule" else "bsp"
 
 
 def load_manifest(objects: ObjectStore) -> Manifest:
@@ -68,9 +118,11 @@ def load_manifest(objects: ObjectStore) -> Manifest:
 class PartCache:
     """Training parts, verified against the manifest and converted once per worker (LRU)."""
 
-    def __init__(self, objects: ObjectStore, manifest: Manifest, model: Model, split: str = "train", capacity: int = 4096):
+    def __init__(
+        self, objects: ObjectStore, manifest: Manifest, model: Model, split: str = "train", capacity: int = 4096
+    ):
         self.objects, self.model, self.capacity = objects, model, capacity
-        self.infos = (manifest.train if split == "train" else manifest.test).parts
+        self.infos = getattr(manifest, split).parts
         self._cache: OrderedDict[int, object] = OrderedDict()
         self.gets = 0  # object-store reads since last asked (S3 GETs on AWS)
 
@@ -84,7 +136,13 @@ class PartCache:
         self.gets += 1
         if checksum(raw) != info.sha256:
             raise EngineError(f"dataset part {info.key} does not match its checksum in manifest.json")
-        batch = self.model.to_batch(decode_batch(raw))
+        try:
+            batch = self.model.to_batch(decode_batch(raw))
+        except Exception as exc:
+            raise EngineError(
+                f"dataset part {info.key} cannot be read as a minibatch ({type(exc).__name__}: "
+                f"{str(exc)[:120]}); prepare the dataset again"
+            ) from None
         self._cache[index] = batch
         if len(self._cache) > self.capacity:
             self._cache.popitem(last=False)
@@ -109,26 +167,57 @@ class StepTimer:
         return out
 
 
+def state_arrays(model: Model, isp: SignificanceFilter | None) -> dict:
+    """What a worker's checkpoint holds besides its counters: replica (``param.*``),
+    optimiser state (``opt.*``) and ISP accumulators (``isp.*``), as plain arrays."""
+    arrays = model.state_arrays()
+    if isp is not None:
+        arrays.update({f"isp.{name}": acc.numpy() for name, acc in isp.pending.items()})
+    return arrays
+
+
+def load_state_arrays(model: Model, isp: SignificanceFilter | None, arrays: dict) -> None:
+    model.load_state_arrays({k: v for k, v in arrays.items() if not k.startswith("isp.")})
+    if isp is not None:
+        for name, acc in isp.pending.items():
+            acc.copy_(torch.from_numpy(arrays[f"isp.{name}"]))
+
+
 class Worker:
-    def __init__(self, spec: JobSpec, start: WorkerStart, objects: ObjectStore, updates: UpdateStore,
-                 signals: SignalChannel, model: Model | None = None):
-        self.spec, self.me = spec, start.worker
-        self.objects, self.updates, self.signals = objects, updates, signals
-        self.manifest = load_manifest(objects)
+    def __init__(
+        self,
+        spec: JobSpec,
+        start: WorkerStart,
+        *,
+        data: ObjectStore,
+        checkpoints: ObjectStore,
+        updates: UpdateStore,
+        signals: SignalChannel,
+        model: Model | None = None,
+    ):
+        self.spec, self.me, self.round = spec, start.worker, start.round
+        self.data, self.checkpoints, self.updates, self.signals = data, checkpoints, updates, signals
+        self.manifest = load_manifest(data)
         self.model = model or build_model(spec.model, self.manifest, spec.hyper, spec.seed)
-        self.parts = PartCache(objects, self.manifest, self.model)
+        self.parts = PartCache(data, self.manifest, self.model)
         self.sequence = PartSequence(len(self.manifest.train.parts), spec.seed)
-        self.mode = spec.sync.mode if len(start.members) > 1 or spec.scaling.policy == "schedule" else "bsp"
+        self.mode = sync_mode(spec)
         self.slack = spec.sync.slack if self.mode == "ssp" else 0
-        self.filter = (SignificanceFilter(self.model.params, spec.sync.significance, spec.sync.quantize)
-                       if self.mode == "isp" else None)
+        self.filter = (
+            SignificanceFilter(self.model.params, spec.sync.significance, spec.sync.quantize)
+            if self.mode == "isp"
+            else None
+        )
         self.row_mean = RowMean(self.model.params)
         self.members, self.step, self.cursor = sorted(start.members), start.step, start.cursor
-        self.clock = start.step - 1  # every step before ours is cleared
-        self.applied_upto = start.step - 1
         self.base_lr = self.model.optimizer.lr
+        if start.resume:
+            self._restore(start.resume)
+        self.clock = self.step - 1  # every step before ours is cleared
+        self.applied_upto = self.step - 1
+        self.round_end: int | None = None  # the round's last step, once a directive names it
         self.own: dict[int, RowUpdate] = {}  # own updates awaiting their barrier (BSP / ISP)
-        self.events: dict[int, dict] = {}  # directives by step
+        self.events: dict[int, Directive] = {}  # directives by step
         self.timer = StepTimer()
         self.bytes_read = 0
         self._cpu_mark = time.process_time()
@@ -137,8 +226,64 @@ class Worker:
         self._next_members: list[int] | None = None
         self._test_result: dict | None = None
         self._test_parts: PartCache | None = None
+        self._eval_every = eval_interval(spec, self.manifest)
+        self._best: float | None = None
+        self.cancelled = threading.Event()  # set by an in-process launcher tearing the job down
         if start.donor_blob:
             self._adopt_replica(start.donor_blob)
+
+    # -- checkpoints ---------------------------------------------------------------
+    def _restore(self, key: str) -> None:
+        meta, arrays = checkpoint.read_worker(self.checkpoints, key)
+        if meta["worker"] != self.me or meta["job"] != self.spec.name or meta["model"] != self.spec.model:
+            raise checkpoint.CheckpointError(
+                f"checkpoint {key} belongs to worker {meta['worker']} of job {meta['job']} ({meta['model']}), "
+                f"not to worker {self.me} of job {self.spec.name} ({self.spec.model})"
+            )
+        if meta["mode"] != self.mode:
+            raise checkpoint.CheckpointError(
+                f"worker {self.me}'s checkpoint was written under sync mode {meta['mode']} but the job now runs "
+                f"{self.mode}; resume with the spec the job started with"
+            )
+        load_state_arrays(self.model, self.filter, arrays)
+        self.step, self.cursor, self.members = meta["step"], meta["cursor"], sorted(meta["members"])
+
+    def _write_checkpoint(self, outcome: str) -> str:
+        key = checkpoint.worker_key(self.round, self.me)
+        arrays = state_arrays(self.model, self.filter)
+        meta = {
+            "worker": self.me,
+            "job": self.spec.name,
+            "model": self.spec.model,
+            "mode": self.mode,
+            "round": self.round,
+            "step": self.step,
+            "cursor": self.cursor,
+            "members": self.members,
+            "applied_upto": self.applied_upto,
+            "outcome": outcome,
+        }
+        checkpoint.write_worker(self.checkpoints, key, meta, arrays)
+        return key
+
+    def _end(self, outcome: str, key: str | None = None, error: str | None = None) -> str:
+        cpu, self._cpu_mark = time.process_time() - self._cpu_mark, time.process_time()
+        self.signals.report(
+            EndReport(
+                worker=self.me,
+                step=self.applied_upto,
+                round=self.round,
+                outcome=outcome,
+                checkpoint=key,
+                error=error,
+                read_bytes=self.bytes_read,
+                cpu_seconds=cpu,
+                object_gets=self.parts.gets,
+                timing=self.timer.take(),
+                pending_nnz=self.filter.pending_nnz() if self.filter and outcome == "evicted" else 0,
+            )
+        )
+        return outcome
 
     # -- helpers -------------------------------------------------------------------
     def _wait_blob(self, name: str) -> bytes:
@@ -156,7 +301,7 @@ class Worker:
 
     def _set_lr(self, position: int) -> None:
         epoch = position // self.sequence.num_parts
-        lr = self.base_lr * self.spec.hyper.lr_decay ** epoch
+        lr = self.base_lr * self.spec.hyper.lr_decay**epoch
         if self.spec.scaling.scale_lr and len(self.members) < self.spec.workers:
             # Linear scaling rule: a row's step is the mean of its touchers' proposals, so
             # a smaller fleet would take equally long but noisier steps and settle on a
@@ -164,21 +309,60 @@ class Worker:
             lr *= len(self.members) / self.spec.workers
         self.model.optimizer.lr = lr
 
-    def _receive(self, directive: dict) -> None:
-        self.events[directive["step"]] = directive
-        self.clock = max(self.clock, directive["step"])
-        if "last_sent_at" in directive and directive["step"] == self.step:
-            self.sync_overhead_s = self._announce_s + (time.monotonic() - directive["last_sent_at"])
+    def _receive(self, directive: Directive) -> None:
+        if directive.step <= self.applied_upto:
+            return  # delivered twice (at-least-once channels): applied already
+        self.events[directive.step] = directive
+        self.clock = max(self.clock, directive.step)
+        if directive.round_end is not None:
+            self.round_end = directive.round_end
+        if directive.last_sent_at is not None and directive.step == self.step:
+            self.sync_overhead_s = self._announce_s + max(0.0, wall() - directive.last_sent_at)
 
     # -- the loop ------------------------------------------------------------------
     def run(self) -> str:
-        """Train until the supervisor says stop (→ "stopped") or evicts us (→ "evicted")."""
+        """Train until the supervisor says stop (→ "stopped"), evicts us (→ "evicted") or
+        ends the round (→ "unfinished", after writing the checkpoint). A failure is reported
+        to the supervisor (its message, one line) before it is raised."""
+        beating = threading.Event()
+        beat = threading.Thread(target=self._heartbeat, args=(beating,), name=f"ebb-heartbeat-{self.me}", daemon=True)
+        beat.start()
+        try:
+            return self._run()
+        except Lost:
+            return "evicted"
+        except Exception as exc:
+            try:
+                self._end("failed", error=f"{type(exc).__name__}: {exc}")
+            except Exception:  # the channel itself may be what failed
+                pass
+            raise
+        finally:
+            beating.set()
+            beat.join(timeout=5)  # not left running into interpreter shutdown
+
+    def _heartbeat(self, stopped: threading.Event) -> None:
+        """Tell the supervisor we are alive, every second, whatever the training loop does."""
+        while not stopped.is_set():
+            try:
+                self.updates.heartbeat(self.me, wall())
+            except Exception:  # the main loop meets the same store and reports it
+                pass
+            stopped.wait(HEARTBEAT_S)
+
+    def _run(self) -> str:
         while True:
-            self._compute_and_publish()
-            self._wait_for_clock()
-            outcome = self._apply_cleared()
+            training = self.round_end is None or self.step <= self.round_end
+            if training:
+                self._compute_and_publish()
+                self._wait_for_clock(self.step - self.slack)
+            else:  # the round's last step is trained: wait until everyone's is applied
+                self._wait_for_clock(self.round_end)
+            outcome = self._apply_cleared(advance=training)
             if outcome:
                 return outcome
+            if self.round_end is not None and self.applied_upto >= self.round_end:
+                return self._end("unfinished", self._write_checkpoint("unfinished"))
 
     def _compute_and_publish(self) -> None:
         t = self.step
@@ -207,37 +391,79 @@ class Worker:
             self.model.apply(update)  # read your own writes; corrected to the step's mean when it clears
         self.own[t] = update
         self.timer.lap("apply")
-        before = time.monotonic()
+        before = time.perf_counter()
         cpu, self._cpu_mark = time.process_time() - self._cpu_mark, time.process_time()
-        self.signals.report({
-            "type": "step", "w": self.me, "t": t, "loss_sum": loss_sum, "n": samples, "empty": empty,
-            "sent_bytes": len(payload), "sent_nnz": sent.nnz(), "local_nnz": update.nnz(),
-            "read_bytes": self.bytes_read, "applied": self.applied_upto, "position": position,
-            "timing": self.timer.take(), "cpu_s": cpu, "sync_s": self.sync_overhead_s, "sent_at": before,
-            "object_gets": self.parts.gets, "test": self._test_result, "expect": len(self.members),
-        })
+        self.signals.report(
+            StepReport(
+                worker=self.me,
+                step=t,
+                members=self.members,
+                round=self.round,
+                loss_sum=loss_sum,
+                samples=samples,
+                empty=empty,
+                sent_bytes=len(payload),
+                sent_nnz=sent.nnz(),
+                local_nnz=update.nnz(),
+                read_bytes=self.bytes_read,
+                applied_upto=self.applied_upto,
+                position=position,
+                cpu_seconds=cpu,
+                sync_seconds=self.sync_overhead_s,
+                sent_at=wall(),
+                object_gets=self.parts.gets,
+                timing=self.timer.take(),
+                test=self._test_result,
+            )
+        )
         self.parts.gets = 0
         self._test_result = None
-        self._announce_s = time.monotonic() - before
+        self._announce_s = time.perf_counter() - before
         self.bytes_read, self.sync_overhead_s = 0, None
 
-    def _wait_for_clock(self) -> None:
+    def _wait_for_clock(self, need: int) -> None:
         self.timer.start()
-        need = self.step - self.slack
         # Under SSP directives pile up while we compute; under a barrier ours cannot be there yet.
         while self.slack and (d := self.signals.next_directive(self.me, 0)) is not None:
             self._receive(d)
+        started = time.monotonic()
+        deadline = started + DIRECTIVE_WAIT_S
         while self.clock < need:
-            d = self.signals.next_directive(self.me, DIRECTIVE_WAIT_S)
-            if d is None:
-                raise EngineError(f"worker {self.me}: no word from the supervisor for {DIRECTIVE_WAIT_S:.0f} s")
-            self._receive(d)
+            d = self.signals.next_directive(self.me, min(WAIT_CHUNK_S, max(0.001, deadline - time.monotonic())))
+            if d is not None:
+                self._receive(d)
+            elif self.cancelled.is_set():
+                raise EngineError(f"worker {self.me}: cancelled")
+            elif time.monotonic() - started > self.spec.faults.worker_timeout_s:
+                self._check_still_wanted(need, time.monotonic() - started)
+            elif time.monotonic() > deadline:
+                raise EngineError(
+                    f"worker {self.me}: no word from the supervisor for {DIRECTIVE_WAIT_S:.0f} s "
+                    f"(waiting for step {need}'s directive)"
+                )
         self.timer.lap("wait")
 
-    def _apply_cleared(self) -> str | None:
+    def _check_still_wanted(self, need: int, waited: float) -> None:
+        """After a long wait: leave if the supervisor gave up on us, fail if it went silent."""
+        if self.updates.get_blob(lost_blob(self.me)) is not None:
+            raise Lost()
+        if (why := self.updates.get_blob(ABORT_BLOB)) is not None:
+            raise EngineError(f"worker {self.me}: the supervisor gave the round up ({why.decode(errors='replace')})")
+        faults = self.spec.faults
+        beat = self.updates.heartbeats([SUPERVISOR]).get(SUPERVISOR)
+        silent = waited if beat is None else wall() - beat
+        if silent > (faults.worker_timeout_s if beat is not None else faults.startup_timeout_s):
+            raise EngineError(
+                f"worker {self.me}: the supervisor went silent (nothing for {silent:.0f} s) while "
+                f"this worker waited for step {need}'s directive"
+            )
+
+    def _apply_cleared(self, advance: bool) -> str | None:
+        """Apply every cleared step; with ``advance``, our own step is done: move on."""
         for k in range(self.applied_upto + 1, self.clock + 1):
             members = self.members
-            senders = self.events.get(k, {}).get("senders")
+            directive = self.events.pop(k, None)
+            senders = directive.senders if directive is not None else None
             # The directive names who sent something: empty announcers are not read at all.
             others = [q for q in members if q != self.me and (senders is None or q in senders)]
             payloads = self.updates.fetch(k, others) if others else {}
@@ -257,45 +483,63 @@ class Worker:
             self.timer.lap("apply")
             self.applied_upto = k
             self._maybe_evaluate(k)
-            outcome = self._act_on(self.events.pop(k, {}), k)
+            outcome = self._act_on(directive, k) if directive is not None else None
             if outcome:
                 return outcome
-        # The step is done: the cursor moves on by the members that trained it.
-        self.cursor += len(self.members)
-        self.step += 1
-        if self._next_members is not None:
-            self.members, self._next_members = self._next_members, None
+        if advance:
+            # The step is done: the cursor moves on by the members that trained it.
+            self.cursor += len(self.members)
+            self.step += 1
+            if self._next_members is not None:
+                self.members, self._next_members = self._next_members, None
         return None
 
     def _maybe_evaluate(self, k: int) -> None:
-        """Every ``eval_every`` steps the lowest-id worker scores its replica on the test split."""
-        every = self.spec.stop.eval_every
-        if not every or (k + 1) % every or self.me != self.members[0] or not self.manifest.test.parts:
+        """Every ``eval_interval`` steps the lowest-id worker scores its replica on the held-out
+        split; on validation it keeps the best replica so far (the model early stopping writes)."""
+        every = self._eval_every
+        split = held_out_split(self.manifest)
+        if not every or (k + 1) % every or self.me != self.members[0] or not getattr(self.manifest, split).parts:
             return
         started, cpu = time.perf_counter(), time.process_time()
         if self._test_parts is None:
-            self._test_parts = PartCache(self.objects, self.manifest, self.model, split="test")
-        metrics = self.model.evaluate(self._test_parts.get(i) for i in range(len(self.manifest.test.parts)))
-        self._test_result = {"step": k, "metrics": metrics, "seconds": time.perf_counter() - started}
-        self._cpu_mark += time.process_time() - cpu  # scoring is not training: kept out of cpu_s
+            self._test_parts = PartCache(self.data, self.manifest, self.model, split=split)
+        metrics = self.model.evaluate(self._test_parts.get(i) for i in range(len(self._test_parts.infos)))
+        epoch = (self.cursor + len(self.members)) / self.sequence.num_parts
+        self._test_result = {"step": k, "split": split, "epoch": round(epoch, 4), "metrics": metrics}
+        if split == "val":
+            self._keep_if_best(k, epoch, metrics[self.model.loss_name])
+        self._test_result["seconds"] = time.perf_counter() - started
+        self._cpu_mark += time.process_time() - cpu  # scoring is not training: kept out of cpu_seconds
 
-    def _act_on(self, directive: dict, k: int) -> str | None:
+    def _keep_if_best(self, k: int, epoch: float, value: float) -> None:
+        if self._best is None:  # the best so far of the job, whichever worker scored it
+            try:
+                self._best = json.loads(self.checkpoints.get(BEST_META_KEY))["value"]
+            except KeyError:
+                self._best = math.inf
+        if value < self._best * (1 - self.spec.stop.min_delta):
+            self._best = value
+            self.checkpoints.put(BEST_KEY, encode_batch(self.model.replica_arrays()))
+            self.checkpoints.put(
+                BEST_META_KEY,
+                json.dumps(
+                    {"step": k, "epoch": round(epoch, 4), "value": value, "metric": self.model.loss_name}
+                ).encode(),
+            )
+
+    def _act_on(self, directive: Directive, k: int) -> str | None:
         """Membership changes and stop, taken at the barrier after step k is applied."""
-        if directive.get("stop"):
-            self.updates.put_blob(final_blob(self.me), encode_batch(self.model.replica_arrays()))
-            self.signals.report({"type": "final", "w": self.me, "t": k, "timing": self.timer.take(),
-                                 "read_bytes": self.bytes_read})
-            return "stopped"
-        evicted = directive.get("evict", [])
-        if self.me in evicted or self.me in directive.get("donors", []):
+        if directive.stop:
+            return self._end("stopped", self._write_checkpoint("stopped"))
+        evicted = directive.evict
+        if self.me in evicted or self.me in directive.donors:
             self.updates.put_blob(replica_blob(self.me, k), encode_batch(self.model.replica_arrays()))
         if self.me in evicted:
-            self.signals.report({"type": "left", "w": self.me, "t": k, "timing": self.timer.take(),
-                                 "read_bytes": self.bytes_read, "pending_nnz": self.filter.pending_nnz() if self.filter else 0})
-            return "evicted"
+            return self._end("evicted")
         for q in evicted:
             # MLLess §4.2: fold the leaver's replica in, so its unsent updates are not lost.
             self.model.average_in(decode_batch(self._wait_blob(replica_blob(q, k))))
-        if "members" in directive:
-            self._next_members = sorted(directive["members"])
+        if directive.members is not None:
+            self._next_members = sorted(directive.members)
         return None

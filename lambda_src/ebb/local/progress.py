@@ -23,7 +23,7 @@ class ProgressSink:
     def step(self, r: dict) -> None:
         self.mb += (r["bytes_sent"] + r["bytes_received"]) / 1e6
         cost = f" ${r['cost_usd']:.4f}" if "cost_usd" in r else ""
-        desc = (f"step {r['step']} {self.loss_name} {r['loss']:.4f} workers {r['active']} "
+        desc = (f"round {r.get('round', 0)} step {r['step']} {self.loss_name} {r['loss']:.4f} workers {r['active']} "
                 f"{self.mb:.1f} MB sent {r['sent_fraction']:.0%}{cost}")
         self.progress.update(self.task, completed=min(r["epoch"], self.progress.tasks[0].total), description=desc)
         if self.progress.disable and r["time"] - self._last_line >= 5:

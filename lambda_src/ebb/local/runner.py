@@ -1,5 +1,10 @@
-"""Run a job on this machine: the supervisor here, workers as processes (or, for one
-worker, a thread beside it), updates and signals over a private redis-server.
+"""Run a job on this machine, round after round as it runs on Lambda: each round a fresh
+supervisor and fresh worker processes (or, for one worker, a thread beside it), updates
+and signals over a private redis-server; then finalize.
+
+Nothing is carried from one round to the next in memory: the supervisor and every
+worker resume from the checkpoints in ``OUT/checkpoints``, which is also what
+``ebb train --resume OUT`` continues from after an interrupted run.
 
 Whatever happens — a finished job, a crash, Ctrl-C — every child process and the
 redis-server are stopped before ``run_local`` returns or raises.
@@ -14,35 +19,51 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from contextlib import ExitStack
 
+import numpy as np
+import redis
 import torch
 
-from ebb.engine.supervisor import MetricsSink, Supervisor
-from ebb.engine.worker import Worker, WorkerStart
-from ebb.local.redis_server import RedisServer
+from ebb.engine import checkpoint
+from ebb.engine.finalize import finalize
+from ebb.engine.preflight import check_outputs, preflight
+from ebb.engine.supervisor import MetricsSink, RoundLost, Supervisor
+from ebb.engine.worker import EngineError, Worker, WorkerStart
+from setproctitle import getproctitle, setproctitle
+
+from ebb.local.redis_server import RedisServer, die_with_parent
 from ebb.spec import JobSpec
-from ebb.stores.local import FolderObjectStore
+from ebb.stores import join_location, open_object_store
+from ebb.stores.base import ObjectStore, SignalChannel, UpdateStore
 from ebb.stores.memory import MemorySignalChannel, MemoryUpdateStore
 from ebb.stores.redis_store import RedisSignalChannel, RedisUpdateStore
 
-
 WORKER_NICENESS = 5  # the supervisor and redis-server sit on every step's critical path
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+def checkpoints_location(spec: JobSpec) -> str:
+    return join_location(spec.out_location, "checkpoints")
 
 
 def _worker_process(spec_json: str, start: WorkerStart, urls: list[str], job: str) -> None:
+    die_with_parent()
+    spec = JobSpec.model_validate_json(spec_json)
+    setproctitle(f"ebb worker {start.worker} {spec.name}")  # so an operator (and a fault test) can pick one
     torch.set_num_threads(1)
     # Ctrl-C reaches the whole process group: the parent stops us, quietly, in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's unwind-handler: just stop
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # blocked by the parent around the fork
     # More workers than cores is the norm locally: let the barrier's other parties run first.
     os.nice(WORKER_NICENESS)
-    spec = JobSpec.model_validate_json(spec_json)
-    updates = RedisUpdateStore(urls, job)
-    signals = RedisSignalChannel(urls[0], job)
     try:
-        Worker(spec, start, FolderObjectStore(spec.data), updates, signals).run()
-    except Exception:
+        Worker(spec, start, data=open_object_store(spec.data),
+               checkpoints=open_object_store(checkpoints_location(spec)),
+               updates=RedisUpdateStore(urls, job), signals=RedisSignalChannel(urls[0], job, start.round)).run()
+    except Exception:  # already reported to the supervisor, in one line; the traceback is for the log
         traceback.print_exc()
         raise SystemExit(1) from None
 
@@ -58,14 +79,30 @@ class ProcessLauncher:
     def launch(self, start: WorkerStart) -> None:
         p = self.ctx.Process(target=_worker_process, args=(self.spec_json, start, self.urls, self.job),
                              name=f"ebb-worker-{start.worker}", daemon=True)
-        p.start()
+        # Until the child has its own handlers, a SIGTERM must not run the parent's (which
+        # unwinds the caller's stack: in a fresh fork, that is the parent's code running on).
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            p.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
         self.procs[start.worker] = p
 
-    def failed(self) -> str | None:
+    def exited(self) -> dict[int, str]:
+        out = {}
         for w, p in self.procs.items():
-            if p.exitcode not in (None, 0):
-                return f"worker {w} died (exit code {p.exitcode}); see its traceback above"
-        return None
+            code = p.exitcode
+            if code is not None and code < 0:
+                out[w] = f"was killed by signal {-code} ({signal.Signals(-code).name})"
+            elif code:
+                out[w] = f"exited with code {code}"
+        return out
+
+    def stop(self, worker: int) -> None:
+        p = self.procs.get(worker)
+        if p is not None and p.is_alive():
+            p.kill()  # also ends a stopped (SIGSTOP) process
+            p.join(5)
 
     def stop_all(self) -> None:
         for p in self.procs.values():
@@ -82,30 +119,38 @@ class ProcessLauncher:
 class ThreadLauncher:
     """Workers as threads in this process, over in-memory stores (one-worker jobs, tests)."""
 
-    def __init__(self, spec: JobSpec, objects, updates, signals, worker_cls: type[Worker] = Worker):
-        self.spec, self.objects, self.updates, self.signals = spec, objects, updates, signals
+    def __init__(self, spec: JobSpec, *, data: ObjectStore, checkpoints: ObjectStore, updates: UpdateStore,
+                 signals: SignalChannel, worker_cls: type[Worker] = Worker):
+        self.spec, self.data, self.checkpoints, self.updates, self.signals = spec, data, checkpoints, updates, signals
         self.worker_cls = worker_cls
         self.threads: list[threading.Thread] = []
-        self.errors: list[str] = []
+        self.errors: dict[int, str] = {}
         self.workers: dict[int, Worker] = {}
 
     def launch(self, start: WorkerStart) -> None:
         def body():
             try:
-                worker = self.worker_cls(self.spec, start, self.objects, self.updates, self.signals)
+                worker = self.worker_cls(self.spec, start, data=self.data, checkpoints=self.checkpoints,
+                                         updates=self.updates, signals=self.signals)
                 self.workers[start.worker] = worker
                 worker.run()
-            except Exception as exc:  # surfaced to the supervisor through failed()
-                self.errors.append(f"worker {start.worker} failed: {exc!r}\n{traceback.format_exc()}")
+            except Exception as exc:  # reported by the worker; kept for the supervisor's liveness check
+                self.errors[start.worker] = f"failed: {type(exc).__name__}: {exc}"
 
         t = threading.Thread(target=body, name=f"ebb-worker-{start.worker}", daemon=True)
         t.start()
         self.threads.append(t)
 
-    def failed(self) -> str | None:
-        return self.errors[0] if self.errors else None
+    def exited(self) -> dict[int, str]:
+        return dict(self.errors)
+
+    def stop(self, worker: int) -> None:
+        if worker in self.workers:
+            self.workers[worker].cancelled.set()
 
     def stop_all(self) -> None:
+        for worker in self.workers.values():
+            worker.cancelled.set()
         for t in self.threads:
             t.join(timeout=5)
 
@@ -118,25 +163,158 @@ def _on_sigterm(signum, frame):
     raise Terminated("terminated (SIGTERM)")
 
 
-def run_local(spec: JobSpec, sink: MetricsSink | None = None, cost_meter=None) -> tuple[dict, Supervisor]:
-    """Run ``spec`` to completion here; returns (report, supervisor)."""
-    objects = FolderObjectStore(spec.data)
-    job = f"{spec.name}-{uuid.uuid4().hex[:6]}"
-    with ExitStack() as stack:
-        if threading.current_thread() is threading.main_thread():
-            # A SIGTERM would otherwise skip the clean-up below and orphan the workers and
-            # the redis-server (which runs in its own session).
-            previous = signal.signal(signal.SIGTERM, _on_sigterm)
-            stack.callback(signal.signal, signal.SIGTERM, previous)
-        if spec.workers == 1 and not spec.redis_urls and spec.scaling.policy != "schedule":
-            updates, signals = MemoryUpdateStore(), MemorySignalChannel()
-            launcher = ThreadLauncher(spec, objects, updates, signals)
-        else:
-            urls = list(spec.redis_urls) or [stack.enter_context(RedisServer()).url]
-            updates, signals = RedisUpdateStore(urls, job), RedisSignalChannel(urls[0], job)
-            stack.callback(updates.clear)
-            launcher = ProcessLauncher(spec, urls, job)
-        stack.callback(launcher.stop_all)
-        supervisor = Supervisor(spec, objects, updates, signals, launcher, sink, cost_meter=cost_meter)
-        report = supervisor.run()
-    return report, supervisor
+class JobFailed(RuntimeError):
+    """The job failed; ``report`` is its failed report (cause, steps and history so far)."""
+
+    def __init__(self, message: str, report: dict):
+        super().__init__(message)
+        self.report = report
+
+
+class _Backend:
+    """Where a round's updates and signals go: in memory, or Redis (the job's own
+    redis-server, started again if it dies, or the servers the spec names)."""
+
+    def __init__(self, spec: JobSpec, stack: ExitStack, in_process: bool):
+        self.spec, self.stack, self.in_process = spec, stack, in_process
+        self.server: RedisServer | None = None
+        self.urls: list[str] = list(spec.redis_urls)
+        self.job = f"{spec.name}-{uuid.uuid4().hex[:6]}"
+        self.updates: UpdateStore = MemoryUpdateStore() if in_process else self._redis()
+
+    def _redis(self) -> UpdateStore:
+        if not self.spec.redis_urls:
+            self.server = self.stack.enter_context(RedisServer())
+            self.urls = [self.server.url]
+        updates = RedisUpdateStore(self.urls, self.job)
+        self.stack.callback(updates.clear)
+        return updates
+
+    def renew(self, restart: int, store_lost: bool) -> str:
+        """A fresh namespace for the round's next attempt (nothing of the lost one is read),
+        after making sure the update store works again; says how it came back."""
+        how = "its workers start again"
+        if store_lost and self.server is not None and self.server.proc.poll() is not None:
+            self.server = self.stack.enter_context(RedisServer())
+            self.urls = [self.server.url]
+            how = f"the job's redis-server had died: a new one runs on {self.server.url}"
+        elif store_lost:
+            deadline, delay = time.monotonic() + STORE_RECONNECT_S, 0.1
+            while True:
+                try:
+                    redis.Redis.from_url(self.urls[0], socket_timeout=5).ping()
+                    break
+                except redis.RedisError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(delay)
+                    delay = min(2 * delay, 2.0)
+            how = "the update store answered again"
+        if not self.in_process:
+            self.job = f"{self.job.split('~')[0]}~{restart}"
+            self.updates = RedisUpdateStore(self.urls, self.job)
+            self.stack.callback(self.updates.clear)
+        return how
+
+    def channel(self, round_: int, given) -> SignalChannel:
+        if self.in_process:
+            return given(round_) if callable(given) else given or MemorySignalChannel()
+        return RedisSignalChannel(self.urls[0], self.job, round_)
+
+
+STORE_RECONNECT_S = 30.0  # how long an external update store may take to come back
+
+
+def run_local(spec: JobSpec, sink: MetricsSink | None = None, *, resume: bool = False, policy=None,
+              worker_cls: type[Worker] = Worker, in_process: bool | None = None,
+              signals: SignalChannel | Callable[[int], SignalChannel] | None = None,
+              ) -> tuple[dict, dict[str, np.ndarray]]:
+    """Run ``spec`` to completion here, round by round; returns (report, merged model).
+
+    ``resume`` continues from the last complete round in ``OUT/checkpoints``. A round that
+    loses a worker (under ``faults.on_worker_loss: restart_round``, or SSP) or its update
+    store is run again from the last complete round, up to ``faults.max_restarts`` times.
+    A failure raises ``JobFailed`` with the failed report. ``in_process`` runs the workers
+    as threads over in-memory stores (default: only for a lone worker); ``policy``,
+    ``worker_cls`` and ``signals`` let tests observe the engine (``signals``: one channel for
+    every round, or ``signals(round)`` making each round's).
+    """
+    data = open_object_store(spec.data)
+    out = open_object_store(spec.out_location)
+    checkpoints = open_object_store(checkpoints_location(spec))
+    if not resume:
+        check_outputs(spec, out)
+    preflight(spec, data)  # PreflightError: nothing has run, nothing is written
+    round_ = _first_round(spec, checkpoints, resume)
+    if in_process is None:
+        in_process = spec.workers == 1 and not spec.redis_urls and spec.scaling.policy != "schedule"
+    title = getproctitle()
+    supervisor: Supervisor | None = None
+    try:
+        with ExitStack() as stack:
+            stack.callback(setproctitle, title)
+            setproctitle(f"ebb supervisor {spec.name}")
+            if threading.current_thread() is threading.main_thread():
+                # A SIGTERM would otherwise skip the clean-up below and orphan the workers and
+                # the redis-server (which runs in its own session).
+                previous = signal.signal(signal.SIGTERM, _on_sigterm)
+                stack.callback(signal.signal, signal.SIGTERM, previous)
+            backend = _Backend(spec, stack, in_process)
+            done = checkpoint.latest(checkpoints)
+            finished = done is not None and done["finished"]
+            restarts, faults = 0, []  # faults: this round's earlier attempts, for its report
+            while not finished:
+                channel = backend.channel(round_, signals)
+                if in_process:
+                    launcher = ThreadLauncher(spec, data=data, checkpoints=checkpoints, updates=backend.updates,
+                                              signals=channel, worker_cls=worker_cls)
+                else:
+                    launcher = ProcessLauncher(spec, backend.urls, backend.job)
+                try:
+                    supervisor = Supervisor(spec, data=data, checkpoints=checkpoints, updates=backend.updates,
+                                            signals=channel, launcher=launcher, round_=round_, sink=sink,
+                                            policy=policy, restarts=faults)
+                    result = supervisor.run_round()
+                except (RoundLost, redis.ConnectionError, redis.TimeoutError) as exc:
+                    launcher.stop_all()
+                    store_lost = not isinstance(exc, RoundLost)
+                    reason = f"the update store was lost ({exc})" if store_lost else str(exc)
+                    restarts += 1
+                    if restarts > spec.faults.max_restarts:
+                        raise EngineError(f"{reason}; rounds were restarted {spec.faults.max_restarts} times "
+                                          "already (faults.max_restarts)") from None
+                    how = backend.renew(restarts, store_lost)
+                    faults = faults + [{"round": round_, "restart": restarts, "reason": reason,
+                                        "recovery": f"{how}; the round ran again from its checkpoints"}]
+                    continue
+                finally:
+                    launcher.stop_all()
+                faults = []
+                finished = result["status"] == "finished"
+                round_ += 1
+    except (Exception, KeyboardInterrupt) as exc:
+        message = str(exc) or "interrupted (Ctrl-C)"
+        if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+            message = f"the update store was lost ({exc}) and did not come back"
+        report = ({"status": "failed", "error": message} if supervisor is None
+                  else supervisor.failure_report(message))
+        raise JobFailed(message, report) from exc
+    report, replica = finalize(spec, data=data, checkpoints=checkpoints, out=out)
+    if sink is not None:
+        sink.close(report)
+    return report, replica
+
+
+def _first_round(spec: JobSpec, checkpoints: ObjectStore, resume: bool) -> int:
+    """The round to run first: after the last complete one when resuming, else 0 (and the
+    checkpoints of an earlier run in the same place are cleared)."""
+    done = checkpoint.latest(checkpoints)
+    if resume:
+        if done is None:
+            raise EngineError("nothing to resume: no round of this job was completed "
+                              f"(no {checkpoint.LATEST_KEY} in {checkpoints_location(spec)})")
+        return done["round"] + 1
+    for key in checkpoints.list():
+        checkpoints.delete(key)
+    checkpoints.put(checkpoint.SPEC_KEY, spec.model_dump_json(indent=2).encode())
+    return 0

@@ -10,6 +10,13 @@ MODEL_KINDS = {"pmf": "ratings", "sparse_lr": "sparse", "lr": "dense"}
 LOSS_NAMES = {"pmf": PMF.loss_name, "sparse_lr": SparseLR.loss_name, "lr": DenseLR.loss_name}
 
 
+def rating_range(manifest) -> tuple[float, float] | None:
+    """The training split's lowest and highest rating (where PMF clips what it scores);
+    None for a manifest that does not record them. The held-out splits are not looked at."""
+    low, high = manifest.stats.get("rating_min"), manifest.stats.get("rating_max")
+    return None if low is None or high is None else (float(low), float(high))
+
+
 def build_model(name: str, manifest, hp, seed: int) -> Model:
     """Build model ``name`` sized from a dataset ``manifest`` with hyper-parameters ``hp``."""
     expected = MODEL_KINDS[name]
@@ -17,7 +24,8 @@ def build_model(name: str, manifest, hp, seed: int) -> Model:
         raise ValueError(f"model {name!r} needs a {expected} dataset, but {manifest.format!r} data is {manifest.kind}")
     if name == "pmf":
         return PMF(manifest.num_users, manifest.num_items, rank=hp.rank, lr=hp.lr, momentum=hp.momentum, l2=hp.l2,
-                   init_std=hp.init_std, global_mean=float(manifest.stats.get("rating_mean", 0.0)), seed=seed)
+                   init_std=hp.init_std, global_mean=float(manifest.stats.get("rating_mean", 0.0)), seed=seed,
+                   rating_range=rating_range(manifest))
     cls = SparseLR if name == "sparse_lr" else DenseLR
     return cls(manifest.num_features, lr=hp.lr, l2=hp.l2, seed=seed)
 

@@ -9,7 +9,8 @@ worker needs to resume lives in ``state_arrays``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -50,7 +51,9 @@ class Model(ABC):
         """One optimiser step on ``batch``: returns (loss sum, samples, update) unapplied."""
         loss_sum, n, grads = self.gradients(batch)
         self.optimizer.begin_step()
-        update = RowUpdate({name: (rows, self.optimizer.delta(name, rows, grad)) for name, (rows, grad) in grads.items()})
+        update = RowUpdate(
+            {name: (rows, self.optimizer.delta(name, rows, grad)) for name, (rows, grad) in grads.items()}
+        )
         return loss_sum, n, update
 
     def apply(self, update: RowUpdate, scale: float = 1.0) -> None:

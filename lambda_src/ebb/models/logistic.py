@@ -91,7 +91,9 @@ class DenseLR(_Logistic):
         self._all_rows = torch.arange(num_features)
 
     def to_batch(self, arrays):
-        return DenseBatch(torch.from_numpy(arrays["x"].astype(np.float32)), torch.from_numpy(arrays["label"].astype(np.float32)))
+        return DenseBatch(
+            torch.from_numpy(arrays["x"].astype(np.float32)), torch.from_numpy(arrays["label"].astype(np.float32))
+        )
 
     def _logits(self, b: DenseBatch):
         return (b.x @ self.params["weight"])[:, 0] + self.params["bias"][0, 0]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import rankdata
 
 
 def rmse(pred: np.ndarray, target: np.ndarray) -> float:
@@ -25,9 +24,16 @@ def auc(score: np.ndarray, label: np.ndarray) -> float:
     n_pos, n_neg = int(pos.sum()), int((~pos).sum())
     if n_pos == 0 or n_neg == 0:
         return float("nan")
-    ranks = rankdata(score)
+    ranks = _rankdata(score)
     return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def classification_metrics(prob: np.ndarray, label: np.ndarray) -> dict[str, float]:
     return {"logloss": logloss(prob, label), "accuracy": accuracy(prob, label), "auc": auc(prob, label)}
+
+
+def _rankdata(values: np.ndarray) -> np.ndarray:
+    # Imported here: scipy.stats costs about a second at import, on every Lambda cold start.
+    from scipy.stats import rankdata
+
+    return rankdata(values)

@@ -11,6 +11,10 @@ rank + 1]``): a user's factors and bias always change together, and one row of 2
 costs one gather, one filter pass, one wire entry and one scatter-add where a row of
 20 and a row of 1 cost two of each — the per-row overhead, not the arithmetic, is
 what a worker pays for on every step.
+
+Scored predictions (``predict``) are clipped to the rating range when one is given: a
+rating scale's bounds are known, and a prediction beyond them is wrong by at least
+the excess. Training sees the unclipped prediction, whose gradient is defined everywhere.
 """
 
 from __future__ import annotations
@@ -41,13 +45,14 @@ class PMF(Model):
     loss_name = "rmse"
 
     def __init__(self, num_users: int, num_items: int, *, rank: int, lr: float, momentum: float, l2: float,
-                 init_std: float, global_mean: float, seed: int):
+                 init_std: float, global_mean: float, seed: int, rating_range: tuple[float, float] | None = None):
         gen = torch.Generator().manual_seed(seed)
         user, item = torch.zeros(num_users, rank + 1), torch.zeros(num_items, rank + 1)  # biases start at 0
         user[:, :rank] = torch.randn(num_users, rank, generator=gen).mul_(init_std)
         item[:, :rank] = torch.randn(num_items, rank, generator=gen).mul_(init_std)
         self.params = {"user": user, "item": item}
         self.rank, self.l2, self.mu = rank, l2, global_mean
+        self.rating_range = rating_range  # (lowest, highest) rating: where scored predictions are clipped
         self.optimizer = SparseSGD(self.params, lr=lr, momentum=momentum, nesterov=momentum > 0)
 
     def to_batch(self, arrays):
@@ -81,6 +86,8 @@ class PMF(Model):
 
     def predict(self, b: RatingsBatch):
         *_, pred = self._forward(b)
+        if self.rating_range is not None:
+            pred = pred.clamp_(*self.rating_range)
         return pred.numpy(), b.rating.numpy()
 
     def metrics(self, pred, target):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
+
+from ebb.stores.base import check_key
 
 
 class FolderObjectStore:
@@ -13,9 +16,7 @@ class FolderObjectStore:
         self.root = Path(root)
 
     def _path(self, key: str) -> Path:
-        if key.startswith("/") or ".." in Path(key).parts:
-            raise ValueError(f"invalid object key {key!r}")
-        return self.root / key
+        return self.root / check_key(key)
 
     def get(self, key: str) -> bytes:
         path = self._path(key)
@@ -42,4 +43,35 @@ class FolderObjectStore:
         return sorted(k for k in keys if k.startswith(prefix) and ".tmp" not in k)
 
     def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        path = self._path(key)
+        path.unlink(missing_ok=True)
+        # Folders exist only for the keys under them: drop the ones left empty.
+        for parent in path.parents:
+            if parent == self.root or not parent.is_relative_to(self.root):
+                break
+            try:
+                parent.rmdir()
+            except OSError:  # not empty (or already gone)
+                break
+
+    def put_file(self, key: str, path: str | os.PathLike) -> None:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _copy_then_rename(Path(path), target)
+
+    def get_file(self, key: str, path: str | os.PathLike) -> None:
+        source = self._path(key)
+        if not source.is_file():
+            raise KeyError(f"no object {key!r} in {self.root}")
+        _copy_then_rename(source, Path(path))
+
+
+def _copy_then_rename(source: Path, target: Path) -> None:
+    """Copy so that ``target`` appears only complete; no partial file is left on error."""
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    try:
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

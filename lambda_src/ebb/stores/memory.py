@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterable
+from collections.abc import Iterable
+
+from ebb.engine.messages import Directive, EndReport, StepReport, decode_directive, decode_report, encode
 
 
 class MemoryUpdateStore:
     def __init__(self):
         self._data: dict[tuple[int, int], bytes] = {}
         self._blobs: dict[str, bytes] = {}
+        self._beats: dict[int, float] = {}
         self._lock = threading.Lock()
 
     def publish(self, step: int, worker: int, payload: bytes) -> None:
@@ -35,10 +38,19 @@ class MemoryUpdateStore:
         with self._lock:
             return self._blobs.get(name)
 
+    def heartbeat(self, worker: int, at: float) -> None:
+        with self._lock:
+            self._beats[worker] = at
+
+    def heartbeats(self, workers: Iterable[int]) -> dict[int, float]:
+        with self._lock:
+            return {w: self._beats[w] for w in workers if w in self._beats}
+
 
 class MemorySignalChannel:
     """The same contract as the Redis channel: the step's last report or the supervisor's
-    release, whichever comes second, delivers the step's directive."""
+    release, whichever comes second, delivers the step's directive. Messages travel in
+    their wire encoding, so this channel holds the engine to it as the others do."""
 
     def __init__(self):
         self._reports: queue.Queue = queue.Queue()
@@ -53,26 +65,27 @@ class MemorySignalChannel:
     def _step(self, t: int) -> dict:
         return self._steps.setdefault(t, {"count": 0, "senders": [], "last_sent_at": 0.0, "staged": None})
 
-    def _deliver(self, t: int, workers: list[int], directive: dict) -> None:
+    def _deliver(self, t: int, workers: list[int], directive: Directive) -> None:
         state = self._steps.pop(t)
-        body = {**directive, "senders": sorted(state["senders"]), "last_sent_at": state["last_sent_at"]}
+        body = encode(directive.model_copy(update={"senders": sorted(state["senders"]),
+                                                   "last_sent_at": state["last_sent_at"]}))
         for w in workers:
-            self._directives.setdefault(w, queue.Queue()).put(dict(body))
+            self._directives.setdefault(w, queue.Queue()).put(body)
 
-    def report(self, message: dict) -> None:
-        if message.get("type") == "step":
+    def report(self, message: StepReport | EndReport) -> None:
+        if isinstance(message, StepReport):
             with self._lock:
-                t = message["t"]
-                state = self._step(t)
+                state = self._step(message.step)
                 state["count"] += 1
-                if message.get("sent_bytes"):
-                    state["senders"].append(message["w"])
-                state["last_sent_at"] = max(state["last_sent_at"], message.get("sent_at", 0.0))
-                if state["count"] >= message["expect"] and state["staged"] is not None:
-                    self._deliver(t, *state["staged"])
-        self._reports.put(message)
+                if message.sent_bytes:
+                    state["senders"].append(message.worker)
+                state["last_sent_at"] = max(state["last_sent_at"], message.sent_at)
+                # A staged directive says who trains the step (a lost worker is no longer counted).
+                if state["staged"] is not None and state["count"] >= len(state["staged"][0]):
+                    self._deliver(message.step, *state["staged"])
+        self._reports.put(encode(message))
 
-    def release(self, step: int, workers: list[int], directive: dict) -> bool:
+    def release(self, step: int, workers: list[int], directive: Directive) -> bool:
         with self._lock:
             state = self._step(step)
             if state["count"] >= len(workers):
@@ -81,7 +94,7 @@ class MemorySignalChannel:
             state["staged"] = (list(workers), directive)
             return False
 
-    def next_reports(self, timeout: float) -> list[dict]:
+    def next_reports(self, timeout: float) -> list[StepReport | EndReport]:
         try:
             out = [self._reports.get(timeout=timeout)]
         except queue.Empty:
@@ -90,10 +103,11 @@ class MemorySignalChannel:
             try:
                 out.append(self._reports.get_nowait())
             except queue.Empty:
-                return out
+                return [decode_report(m) for m in out]
 
-    def next_directive(self, worker: int, timeout: float) -> dict | None:
+    def next_directive(self, worker: int, timeout: float) -> Directive | None:
         try:
-            return self._dq(worker).get(timeout=timeout) if timeout > 0 else self._dq(worker).get_nowait()
+            raw = self._dq(worker).get(timeout=timeout) if timeout > 0 else self._dq(worker).get_nowait()
         except queue.Empty:
             return None
+        return decode_directive(raw)

@@ -3,30 +3,55 @@
 Updates are written as raw bytes (the binary ``RowUpdate`` encoding), one key per
 (step, worker), with a TTL so nothing outlives a crashed job, and deleted by the
 supervisor once every worker has applied them. Keys are sharded over several Redis
-servers by worker id (MLLess §6.5). Control messages are small JSON documents on lists:
-``reports`` (workers → supervisor) and ``dir:<worker>`` (supervisor → a worker).
+servers by worker id (MLLess §6.5). Control messages (``ebb.engine.messages``) are JSON
+documents on lists: ``reports`` (workers → supervisor) and ``dir:<worker>`` (supervisor →
+a worker), under a per-round prefix so nothing of an earlier (or crashed) round is read.
+
+Every key of a job shares one hash tag, ``ebb:{<job>}:…``, and the scripts are given
+every key they touch in KEYS, so the same code runs on a cluster-mode or serverless
+cache, where a script's keys must live in one hash slot.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Iterable
+from collections.abc import Iterable
 
 import redis
 
+from ebb.engine.messages import Directive, EndReport, StepReport, decode_directive, decode_report, encode
+
 UPDATE_TTL_S = 3600
+# Longest single blocking read a channel makes; callers loop on it up to their own
+# deadlines. The socket must outlast it: redis-py 8's default 5 s socket timeout would
+# otherwise cut every longer wait short with a TimeoutError.
+BLOCK_CHUNK_S = 5.0
+SOCKET_TIMEOUT_S = BLOCK_CHUNK_S + 25.0
 
 
-def connect(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_keepalive=True, health_check_interval=30)
+CONNECTION_OPTIONS = {"socket_keepalive": True, "health_check_interval": 30, "socket_timeout": SOCKET_TIMEOUT_S,
+                      "socket_connect_timeout": 10}
+
+
+def connect(url: str, **options) -> redis.Redis:
+    """A client for ``url`` with the engine's timeouts; ``options`` (TLS, credentials) add to them."""
+    return redis.Redis.from_url(url, **(CONNECTION_OPTIONS | options))
+
+
+def job_prefix(job: str) -> str:
+    """Every key of a job starts with this; ``{job}`` is the hash tag that keeps them in one slot."""
+    return f"ebb:{{{job}}}:"
 
 
 class RedisUpdateStore:
-    def __init__(self, urls: list[str], job: str):
-        if not urls:
+    """Updates sharded by worker over ``shards``: Redis URLs, or clients made elsewhere
+    (``ebb.stores.elasticache`` adds TLS and the AUTH token)."""
+
+    def __init__(self, shards: list[str | redis.Redis], job: str):
+        if not shards:
             raise ValueError("at least one Redis URL is needed")
-        self.shards = [connect(u) for u in urls]
-        self.prefix = f"ebb:{job}:"
+        self.shards = [connect(s) if isinstance(s, str) else s for s in shards]
+        self.prefix = job_prefix(job)
 
     def _key(self, step: int, worker: int) -> str:
         return f"{self.prefix}u:{step}:{worker}"
@@ -62,6 +87,14 @@ class RedisUpdateStore:
     def get_blob(self, name: str) -> bytes | None:
         return self.shards[0].get(self.prefix + "blob:" + name)
 
+    def heartbeat(self, worker: int, at: float) -> None:
+        self.shards[0].set(f"{self.prefix}hb:{worker}", repr(at), ex=UPDATE_TTL_S)
+
+    def heartbeats(self, workers: Iterable[int]) -> dict[int, float]:
+        workers = list(workers)
+        values = self.shards[0].mget([f"{self.prefix}hb:{w}" for w in workers]) if workers else []
+        return {w: float(v) for w, v in zip(workers, values) if v is not None}
+
     def clear(self) -> None:
         """Delete every key of this job (end of job); a server already gone holds nothing."""
         for s in self.shards:
@@ -82,100 +115,118 @@ class RedisUpdateStore:
 # directive while step k+1 runs), the last announcement opens the barrier inside Redis
 # and the supervisor is off the step's critical path. The directive gets the step's
 # senders (whose updates to read) and the last announcement's time on the way out.
+# KEYS of both scripts: senders, lastsent, count, staged, then dir:<w> of every trainer.
 _DELIVER = """
-local function deliver(prefix, t, directive)
+local function deliver(directive, first_dir)
   local d = cjson.decode(directive)
-  local to = d['to']
+  local to = {}
+  for _, w in ipairs(d['to']) do to[tostring(w)] = true end
+  local targets = {}
+  for i = first_dir, #KEYS do
+    local w = string.match(KEYS[i], 'dir:(%d+)$')
+    if to[w] then targets[#targets + 1] = KEYS[i] end
+  end
+  if #targets ~= #d['to'] then
+    return redis.error_reply('barrier: the directive of step ' .. d['step'] .. ' names ' .. #d['to'] ..
+                             ' workers, ' .. #targets .. " of them among the step's trainers")
+  end
   d['to'] = nil
   local senders = {}
-  for _, w in ipairs(redis.call('LRANGE', prefix .. 'senders:' .. t, 0, -1)) do senders[#senders + 1] = tonumber(w) end
+  for _, w in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do senders[#senders + 1] = tonumber(w) end
   table.sort(senders)
   d['senders'] = senders
-  d['last_sent_at'] = tonumber(redis.call('GET', prefix .. 'lastsent:' .. t))
+  d['last_sent_at'] = redis.call('GET', KEYS[2])  -- a string: cjson would round a number to 14 digits
   local body = cjson.encode(d)
-  for _, w in ipairs(to) do redis.call('RPUSH', prefix .. 'dir:' .. w, body) end
-  redis.call('DEL', prefix .. 'senders:' .. t, prefix .. 'lastsent:' .. t, prefix .. 'staged:' .. t,
-             prefix .. 'count:' .. t)
-end
-"""
-
-# KEYS: reports, wake; ARGV: body, prefix, step, expect (0: not a step report), worker, sent (0/1), sent_at
-_REPORT = _DELIVER + """
-redis.call('RPUSH', KEYS[1], ARGV[1])
-if ARGV[4] == '0' then
-  redis.call('RPUSH', KEYS[2], '1')
-  return 0
-end
-local prefix, t = ARGV[2], ARGV[3]
-if ARGV[6] == '1' then redis.call('RPUSH', prefix .. 'senders:' .. t, ARGV[5]) end
-local last = redis.call('GET', prefix .. 'lastsent:' .. t)
-if not last or tonumber(last) < tonumber(ARGV[7]) then redis.call('SET', prefix .. 'lastsent:' .. t, ARGV[7]) end
-local n = redis.call('INCR', prefix .. 'count:' .. t)
-for _, k in ipairs({'senders:', 'lastsent:', 'count:'}) do redis.call('EXPIRE', prefix .. k .. t, 3600) end
-if n >= tonumber(ARGV[4]) then
-  local staged = redis.call('GET', prefix .. 'staged:' .. t)
-  if staged then deliver(prefix, t, staged) end
-  redis.call('RPUSH', KEYS[2], '1')  -- the supervisor closes the step either way
-end
-return 0
-"""
-
-# ARGV: directive (with 'to'), prefix, step, number of workers; returns 1 if it was delivered at once
-_RELEASE = _DELIVER + """
-local prefix, t = ARGV[2], ARGV[3]
-local n = tonumber(redis.call('GET', prefix .. 'count:' .. t) or '0')
-if n >= tonumber(ARGV[4]) then
-  deliver(prefix, t, ARGV[1])
+  for _, key in ipairs(targets) do redis.call('RPUSH', key, body) end
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
   return 1
 end
-redis.call('SET', prefix .. 'staged:' .. t, ARGV[1], 'EX', 3600)
+"""
+
+# KEYS: senders, lastsent, count, staged, reports, wake, dir:<w>...; ARGV: the step report
+_REPORT = _DELIVER + """
+local m = cjson.decode(ARGV[1])
+redis.call('RPUSH', KEYS[5], ARGV[1])
+if m['sent_bytes'] > 0 then redis.call('RPUSH', KEYS[1], m['worker']) end
+local sent_at = string.format('%.6f', m['sent_at'])
+local last = redis.call('GET', KEYS[2])
+if not last or tonumber(last) < tonumber(sent_at) then redis.call('SET', KEYS[2], sent_at) end
+local n = redis.call('INCR', KEYS[3])
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], 3600) end
+-- A staged directive names who trains the step (after a lost worker, fewer than announced it).
+local staged = redis.call('GET', KEYS[4])
+local need = #m['members']
+if staged then need = #cjson.decode(staged)['to'] end
+if n >= need then
+  if staged then
+    local ok = deliver(staged, 7)
+    if type(ok) == 'table' then return ok end
+  end
+  redis.call('RPUSH', KEYS[6], '1')  -- the supervisor closes the step either way
+end
 return 0
 """
 
-_LIST_FIELDS = ("senders", "evict", "members", "donors")
+# KEYS: senders, lastsent, count, staged, dir:<w>...; ARGV: directive (with 'to'), number of
+# workers. Returns 1 if it was delivered at once (the step was complete already).
+_RELEASE = _DELIVER + """
+local n = tonumber(redis.call('GET', KEYS[3]) or '0')
+if n >= tonumber(ARGV[2]) then
+  return deliver(ARGV[1], 5)
+end
+redis.call('SET', KEYS[4], ARGV[1], 'EX', 3600)
+return 0
+"""
 
 
 class RedisSignalChannel:
-    def __init__(self, url: str, job: str):
-        self.r = connect(url)
-        self.prefix = f"ebb:{job}:"
+    """Reports and directives of one round of one job over one Redis server (a URL, or a
+    client: a cluster client works too, every script's keys being in one slot)."""
+
+    def __init__(self, server: str | redis.Redis, job: str, round_: int = 0):
+        self.r = connect(server) if isinstance(server, str) else server
+        self.prefix = f"{job_prefix(job)}r{round_}:"
         self.reports_key = self.prefix + "reports"
         self.wake_key = self.prefix + "wake"
         self._report = self.r.register_script(_REPORT)
         self._release = self.r.register_script(_RELEASE)
 
-    def report(self, message: dict) -> None:
-        """Queue a report. A step report carries ``expect`` (the workers of its step)."""
-        body = json.dumps(message, separators=(",", ":"))
-        expect = message.get("expect") if message.get("type") == "step" else None
-        self._report(keys=[self.reports_key, self.wake_key],
-                     args=[body, self.prefix, message.get("t", 0), expect or 0, message.get("w", -1),
-                           1 if message.get("sent_bytes") else 0, repr(float(message.get("sent_at", 0.0)))])
+    def _barrier_keys(self, step: int, workers: list[int]) -> list[str]:
+        p = self.prefix
+        return [f"{p}senders:{step}", f"{p}lastsent:{step}", f"{p}count:{step}", f"{p}staged:{step}",
+                *(f"{p}dir:{w}" for w in sorted(workers))]
 
-    def release(self, step: int, workers: list[int], directive: dict) -> bool:
-        body = json.dumps({**directive, "to": list(workers)}, separators=(",", ":"))
-        return bool(self._release(keys=[], args=[body, self.prefix, step, len(workers)]))
+    def report(self, message: StepReport | EndReport) -> None:
+        """Queue a report. A step report goes through the script that may open the
+        barrier, given every key it writes (the dir keys of the step's trainers)."""
+        body = encode(message)
+        if isinstance(message, StepReport):
+            keys = self._barrier_keys(message.step, message.members)
+            self._report(keys=keys[:4] + [self.reports_key, self.wake_key] + keys[4:], args=[body])
+        else:
+            pipe = self.r.pipeline(transaction=True)
+            pipe.rpush(self.reports_key, body)
+            pipe.rpush(self.wake_key, "1")
+            pipe.execute()
 
-    def next_reports(self, timeout: float) -> list[dict]:
-        if self.r.blpop([self.wake_key], timeout=timeout) is None:
+    def release(self, step: int, workers: list[int], directive: Directive) -> bool:
+        body = json.dumps({**json.loads(encode(directive)), "to": sorted(workers)}, separators=(",", ":"))
+        return bool(self._release(keys=self._barrier_keys(step, workers), args=[body, len(workers)]))
+
+    def next_reports(self, timeout: float) -> list[StepReport | EndReport]:
+        if self.r.blpop([self.wake_key], timeout=min(timeout, BLOCK_CHUNK_S)) is None:
             return []
         pipe = self.r.pipeline(transaction=True)  # atomic: no report slips between read and delete
         pipe.lrange(self.reports_key, 0, -1)
         pipe.delete(self.reports_key, self.wake_key)
         reports, _ = pipe.execute()
-        return [json.loads(m) for m in reports]
+        return [decode_report(m) for m in reports]
 
-    def next_directive(self, worker: int, timeout: float) -> dict | None:
+    def next_directive(self, worker: int, timeout: float) -> Directive | None:
         key = f"{self.prefix}dir:{worker}"
         if timeout <= 0:
             raw = self.r.lpop(key)
         else:
-            got = self.r.blpop([key], timeout=timeout)
+            got = self.r.blpop([key], timeout=min(timeout, BLOCK_CHUNK_S))
             raw = got[1] if got is not None else None
-        if raw is None:
-            return None
-        directive = json.loads(raw)
-        for name in _LIST_FIELDS:  # Lua's cjson writes an empty list as {}
-            if directive.get(name) == {}:
-                directive[name] = []
-        return directive
+        return None if raw is None else decode_directive(raw)

@@ -1,0 +1,41 @@
+"""The job's clock: elapsed time that survives rounds and means the same in every process.
+
+A job outlives its processes (Lambda rounds, a resumed local run), so its elapsed time
+is carried: the time of the rounds before this one plus wall time since this round
+began. Wall time, not a monotonic clock, because the numbers are compared across
+processes and machines (the tuner's intervals, ``max_seconds``, the budget, message
+timestamps). Durations measured inside one process (a step's phases) use
+``time.perf_counter`` where they are taken.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def wall() -> float:
+    """Wall-clock seconds since the epoch: the one timestamp that crosses processes."""
+    return time.time()
+
+
+class JobClock:
+    """Elapsed job seconds: ``before`` (earlier rounds) + wall time since this round began."""
+
+    def __init__(self, before: float = 0.0, now: Callable[[], float] = wall):
+        self._now = now
+        self.before = float(before)
+        self.round_started = now()
+        self._stopped_at: float | None = None
+
+    def elapsed(self) -> float:
+        return self.before + self.round_elapsed()
+
+    def round_elapsed(self) -> float:
+        end = self._stopped_at if self._stopped_at is not None else self._now()
+        return max(0.0, end - self.round_started)
+
+    def stop(self) -> None:
+        """Freeze the clock (the job's training ended): wall time, cost and Perf/$ agree."""
+        if self._stopped_at is None:
+            self._stopped_at = self._now()

@@ -1,0 +1,137 @@
+"""Finalize (DESIGN §1 step 3): merge the final replicas, score the test split, write the
+report, the model and the plot. A step of its own, after the last round, so no
+supervisor round pays for it (on AWS it is its own function).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import torch
+
+from ebb.cost.meter import JobAccount, meter_for
+from ebb.cost.model import perf_per_dollar
+from ebb.engine import checkpoint
+from ebb.engine.outputs import write_outputs
+from ebb.engine.worker import EngineError, PartCache, load_manifest
+from ebb.models import LOSS_NAMES, build_model
+from ebb.spec import JobSpec
+from ebb.stores.base import ObjectStore
+
+
+def merged_replica(checkpoints: ObjectStore, round_: int, workers: list[int]) -> dict[str, np.ndarray]:
+    """Average of the final replicas of the workers that trained to the end."""
+    total: dict[str, np.ndarray] | None = None
+    for w in workers:
+        meta, arrays = checkpoint.read_worker(checkpoints, checkpoint.worker_key(round_, w))
+        if meta["outcome"] != "stopped":
+            raise EngineError(f"worker {w}'s last checkpoint is {meta['outcome']!r}, not its final replica")
+        params = {k[6:]: a for k, a in arrays.items() if k.startswith("param.")}
+        if total is None:
+            total = {n: a.astype(np.float64) for n, a in params.items()}
+        else:
+            for n, a in params.items():
+                total[n] += a
+    if total is None:
+        raise EngineError("no worker finished the job: nothing to merge")
+    return {n: (a / len(workers)).astype(np.float32) for n, a in total.items()}
+
+
+def evaluate(spec: JobSpec, data: ObjectStore, replica: dict[str, np.ndarray]) -> dict[str, float]:
+    """The merged model's metrics on the test split ({} when there is none)."""
+    manifest = load_manifest(data)
+    if not manifest.test.parts:
+        return {}
+    model = build_model(spec.model, manifest, spec.hyper, spec.seed)
+    for n, p in model.params.items():
+        p.copy_(torch.from_numpy(replica[n]))
+    cache = PartCache(data, manifest, model, split="test", capacity=1)
+    return model.evaluate(cache.get(i) for i in range(len(manifest.test.parts)))
+
+
+def best_replica(checkpoints: ObjectStore) -> tuple[dict[str, np.ndarray], dict] | None:
+    """The best replica early stopping kept (and what it scored), or None."""
+    from ebb.data.format import decode_batch
+    from ebb.engine.worker import BEST_KEY, BEST_META_KEY
+
+    try:
+        meta = json.loads(checkpoints.get(BEST_META_KEY))
+    except KeyError:
+        return None
+    return decode_batch(checkpoints.get(BEST_KEY)), meta
+
+
+def build_report(spec: JobSpec, state: dict, test_metrics: dict, finalize_seconds: float) -> dict:
+    """report.json from the supervisor's final state (see the README for every field)."""
+    sync, firsts = sorted(state["sync_samples"]), sorted(state["sync_first"])
+    totals = dict(state["totals"])
+    sent_nnz, local_nnz = totals.pop("sent_nnz"), totals.pop("local_nnz")
+    totals.update({"worker_seconds": round(state["worker_seconds"], 3), "cpu_seconds": round(totals["cpu_seconds"], 3),
+                   "cpu_critical_seconds": round(totals["cpu_critical_seconds"], 3),
+                   "sent_fraction": sent_nnz / local_nnz if local_nnz else 0.0,
+                   "timing_seconds": {k: round(v, 4) for k, v in sorted(state["timing"].items())}})
+    history = state["history"]
+    account = JobAccount(wall_seconds=state["elapsed"], worker_seconds=state["worker_seconds"],
+                         rounds=state["round"] + 1, worker_invocations=state["worker_invocations"],
+                         object_gets=totals["object_gets"], object_puts=state["checkpoint_puts"],
+                         reports=totals["reports"], directives=state["directives"])
+    cost = meter_for(spec)(account)
+    wall = state["elapsed"]
+    return {
+        "status": state["stop_reason"],
+        "wall_seconds": wall,
+        "steps": state["clock"] + 1,
+        "epochs": history[-1]["epoch"] if history else 0.0,
+        "rounds": state["round"] + 1,
+        "clock": "wall",
+        "final_loss": history[-1]["loss"] if history else None,
+        "loss_name": LOSS_NAMES[spec.model],
+        "test_metrics": test_metrics,
+        "workers": {"initial": spec.workers, "final": len(state["members"])},
+        "history": history,
+        "totals": totals,
+        "sync_overhead_ms": {"median": 1000 * sync[len(sync) // 2], "p90": 1000 * sync[int(len(sync) * 0.9)],
+                             "samples": len(sync),
+                             "first_worker_median": 1000 * firsts[len(firsts) // 2] if firsts else None,
+                             "released_late": state["released_late"]} if sync else None,
+        "supervisor_ms_per_step": _quantiles(state["handling_ms"]),
+        "scale_events": state["scale_events"],
+        "faults": state["faults"],
+        "autotune": state["autotune"],
+        "eval_seconds": round(state["eval_seconds"], 4),
+        "time_to_target_test": state["test_hit"],
+        "finalize_seconds": round(finalize_seconds, 3),
+        "cost": cost,
+        "perf_per_dollar": perf_per_dollar(wall, cost["total_usd"]) if wall > 0 and cost["total_usd"] > 0 else None,
+        "model": "merged",
+        "spec": spec.model_dump(mode="json"),
+    }
+
+
+def _quantiles(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    v = sorted(values)
+    return {"median": v[len(v) // 2], "p90": v[int(len(v) * 0.9)], "max": v[-1], "steps": len(v)}
+
+
+def finalize(spec: JobSpec, *, data: ObjectStore, checkpoints: ObjectStore, out: ObjectStore
+             ) -> tuple[dict, dict[str, np.ndarray]]:
+    """Merge, score and write the outputs of a finished job; returns (report, merged model)."""
+    started = time.perf_counter()
+    done = checkpoint.latest(checkpoints)
+    if done is None or not done["finished"]:
+        raise EngineError("the job has not finished its last round: nothing to finalize")
+    state = checkpoint.read_supervisor(checkpoints, done["round"])
+    best = best_replica(checkpoints)
+    replica = best[0] if best else merged_replica(checkpoints, done["round"], state["members"])
+    test_metrics = evaluate(spec, data, replica)
+    report = build_report(spec, state, test_metrics, time.perf_counter() - started)
+    if best:  # the model written is the best one validation saw, not the last
+        meta = best[1]
+        report.update({"model": "best", "best_step": meta["step"], "best_epoch": meta["epoch"],
+                       "best_val": meta["value"]})
+    write_outputs(out, report, replica)
+    return report, replica

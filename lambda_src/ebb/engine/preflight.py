@@ -1,0 +1,100 @@
+"""What can be checked before a job trains, is: the dataset is whole and fits the job.
+
+A job that would fail on a missing test part, a corrupt manifest or a dataset with fewer
+minibatches than workers fails here, in one line that says what to fix, before anyone
+pays for training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from ebb.data.format import MANIFEST_KEY, Manifest, checksum
+from ebb.engine.worker import EngineError
+from ebb.models import MODEL_KINDS
+from ebb.spec import JobSpec
+from ebb.stores import is_s3
+from ebb.stores.base import ObjectStore
+
+
+class PreflightError(EngineError):
+    """The job cannot train on this dataset (the message says what to fix)."""
+
+
+def _splits(manifest: Manifest) -> dict:
+    return {name: getattr(manifest, name) for name in ("train", "val", "test") if getattr(manifest, name, None)}
+
+
+def read_manifest(spec: JobSpec, data: ObjectStore) -> Manifest:
+    try:
+        raw = data.get(MANIFEST_KEY)
+    except KeyError:
+        raise PreflightError(f"data: {spec.data} has no {MANIFEST_KEY}; prepare it first with `ebb prepare`") from None
+    try:
+        return Manifest.from_json(raw.decode())
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise PreflightError(f"data: {spec.data}/{MANIFEST_KEY} is corrupt ({type(exc).__name__}: {exc}); "
+                             "prepare the dataset again") from None
+
+
+def preflight(spec: JobSpec, data: ObjectStore) -> Manifest:
+    """Check the dataset against the job; returns its manifest or raises PreflightError.
+
+    Every part the job reads (test parts too) must exist; for a local dataset each part's
+    checksum is verified as well (on S3, workers verify each part as they first read it,
+    and the test parts are verified here, since only finalize reads them).
+    """
+    where = f"{spec.data}/{MANIFEST_KEY}"
+    manifest = read_manifest(spec, data)
+    if manifest.kind != MODEL_KINDS[spec.model]:
+        raise PreflightError(f"model: {spec.model} trains on {MODEL_KINDS[spec.model]} data, but {spec.data} holds "
+                             f"{manifest.kind} data ({manifest.format})")
+    dims = (manifest.num_users, manifest.num_items) if manifest.kind == "ratings" else (manifest.num_features,)
+    if manifest.batch_size < 1 or min(dims) < 1:
+        raise PreflightError(f"{where}: batch_size and dimensions must be positive (batch_size "
+                             f"{manifest.batch_size}, dimensions {dims}); prepare the dataset again")
+    for name, value in manifest.stats.items():
+        if isinstance(value, (int, float)) and not math.isfinite(value):
+            raise PreflightError(f"{where}: stats.{name} is {value}; a value in the data is out of range: "
+                                 "prepare the dataset again")
+    parts = len(manifest.train.parts)
+    if parts == 0:
+        raise PreflightError(f"{where}: the dataset has no training minibatches")
+    most = max([spec.workers] + [e.workers for e in spec.scaling.schedule])
+    if most > parts:
+        raise PreflightError(f"workers: {most} is more than the {parts} training minibatches of {spec.data}: each "
+                             f"worker needs a minibatch of its own every step; use at most {parts} workers, or a "
+                             "smaller --batch-size in `ebb prepare`")
+    listed = {p.key: (split, p) for split, info in _splits(manifest).items() for p in info.parts}
+    present = set(data.list())
+    missing = sorted(set(listed) - present)
+    if missing:
+        raise PreflightError(f"data: {len(missing)} part(s) listed in {where} are missing, e.g. {missing[0]}; "
+                             "prepare the dataset again")
+    verify = listed if not is_s3(spec.data) else {k: v for k, v in listed.items() if v[0] != "train"}
+    for key, (_, part) in sorted(verify.items()):
+        if checksum(data.get(key)) != part.sha256:
+            raise PreflightError(f"data: {spec.data}/{key} does not match its checksum in {MANIFEST_KEY}; "
+                                 "the dataset was changed after `ebb prepare`: prepare it again")
+    return manifest
+
+
+def check_outputs(spec: JobSpec, out: ObjectStore) -> None:
+    """A new run never mixes with another: refuse an ``out`` that holds a finished run (or
+    is a file); clear what a failed run left there."""
+    from pathlib import Path
+
+    if not is_s3(spec.out_location) and Path(spec.out_location).is_file():
+        raise PreflightError(f"out: {spec.out_location} is a file; give --out a folder")
+    try:
+        previous = json.loads(out.get("report.json"))
+    except KeyError:
+        return
+    except ValueError:
+        previous = {"status": "unreadable"}
+    if previous.get("status") != "failed":
+        raise PreflightError(f"out: {spec.out_location} holds a run already (report.json, status "
+                             f"{previous.get('status')}); choose another --out, or delete that one")
+    for key in ("report.json", "model.npz", "loss.png", "progress.json"):
+        out.delete(key)
