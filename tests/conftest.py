@@ -15,6 +15,25 @@ from ebb.stores.local import FolderObjectStore
 torch.set_num_threads(1)
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
+# Test layers (`pytest -m unit | integration | infra`; README "Tests"). Infrastructure
+# tests live in tests/infra and mark themselves. Integration tests start real processes: a
+# redis-server, worker processes, a moto_server, the `ebb` command. Whole modules of them
+# are named here; elsewhere a test is integration when it asks for a service fixture.
+INTEGRATION_MODULES = {
+    "test_aws_cli", "test_aws_handlers", "test_early_stopping", "test_elasticache", "test_faults",
+    "test_quality", "test_rounds", "test_s3_cli", "test_scaling", "test_signal_channels", "test_spec_cli",
+}
+SERVICE_FIXTURES = {"redis_server", "redis_url", "moto_server", "moto_env", "moto_s3"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("infra"):
+            continue
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        service = SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.integration if module in INTEGRATION_MODULES or service else pytest.mark.unit)
+
 
 @pytest.fixture(scope="session")
 def redis_server():
