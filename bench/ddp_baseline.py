@@ -18,7 +18,15 @@ Variants:
   is why a user reaching for sparse embeddings picks SparseAdam.
 * ``sparse_sgd``: sparse embeddings with plain SGD, for completeness.
 
-Loss: ``F.mse_loss`` (mean over the worker's part) plus ``l2 * mean(|U_u|² + |V_i|² +
+Sparse logistic regression (``--model sparse_lr``, a prepared LibSVM/Criteo dataset):
+``nn.EmbeddingBag(num_features, 1, mode="sum")`` weighted by the feature values, plus a
+bias, ``binary_cross_entropy_with_logits`` (mean over the part) + ``l2/2 |w_j|²`` over the
+features the part touches (Ebb's regulariser). ``dense``: dense gradients and
+``torch.optim.Adam``, DDP all-reduces the whole weight vector each step; ``sparse``:
+sparse gradients and ``SparseAdam`` (Ebb's optimiser for this model). The target is the
+test log-loss.
+
+Loss (PMF): ``F.mse_loss`` (mean over the worker's part) plus ``l2 * mean(|U_u|² + |V_i|² +
 b_u² + b_i²)`` over the rows each sample uses. That is the recommender-code habit, and
 with l2 = 0.05 it is exactly Ebb's per-rating regulariser; ``weight_decay`` would not
 do, as it shrinks every row at every step in dense SGD and SparseAdam has none.
@@ -30,7 +38,8 @@ together); it stops when the test RMSE first reaches the target. Evaluating the 
 split is excluded: rank 0 pauses the clock while it evaluates and the other ranks wait
 for its stop/continue broadcast, so nobody trains meanwhile.
 
-Usage: ``python bench/ddp_baseline.py --data DIR --workers 8 --target-rmse 0.65``.
+Usage: ``python bench/ddp_baseline.py --data DIR --workers 8 --target 0.65`` (PMF) or
+``... --model sparse_lr --data DIR --target 0.47``.
 ``run_ddp`` starts its workers with the ``spawn`` method, so a script calling it needs
 the ``if __name__ == "__main__":`` guard.
 """
@@ -60,6 +69,7 @@ from torch import nn
 
 VARIANTS = ("dense", "sparse", "sparse_sgd")
 OPTIMISERS = {"dense": "SGD(momentum=0.9, nesterov=True)", "sparse": "SparseAdam", "sparse_sgd": "SGD (no momentum)"}
+LR_OPTIMISERS = {"dense": "Adam", "sparse": "SparseAdam"}
 # Learning rates tuned on the 1M-rating synthetic set (rank 20, 6,250 per part, l2 0.05,
 # 4 and 8 workers). The mean loss gives a row a gradient of ~1/(P*B) per sample, hence
 # lrs in the tens. The linear scaling rule (lr ∝ P*B) does not apply: the curvature of
@@ -70,6 +80,10 @@ OPTIMISERS = {"dense": "SGD(momentum=0.9, nesterov=True)", "sparse": "SparseAdam
 # users (test RMSE 1.01 after 10 epochs); SparseAdam's best is 0.03 (0.01 slower, 0.06+
 # plateaus higher).
 DEFAULT_LR = {"dense": 75.0, "sparse": 0.03, "sparse_sgd": 50.0}
+# Sparse LR: Ebb's own default (SparseAdam lr 0.02) for both; dense Adam sees the same
+# per-coordinate scaling, so the same lr serves (LR_TUNE_GRID checks it).
+LR_DEFAULT_LR = {"dense": 0.02, "sparse": 0.02}
+LR_TUNE_GRID = {"dense": [0.005, 0.01, 0.02, 0.05], "sparse": [0.005, 0.01, 0.02, 0.05]}
 TUNE_GRID = {"dense": [25.0, 50.0, 75.0, 100.0], "sparse_sgd": [25.0, 50.0, 75.0, 100.0],
              "sparse": [0.01, 0.03, 0.06, 0.1]}
 
@@ -98,6 +112,26 @@ class PMFNet(nn.Module):
         return pred, sq
 
 
+class LRNet(nn.Module):
+    """p = sigmoid(b + Σ_j x_j w_j) over a sample's hashed features (CSR rows)."""
+
+    def __init__(self, num_features: int, *, sparse: bool):
+        super().__init__()
+        self.sparse = sparse
+        self.weight = nn.EmbeddingBag(num_features, 1, mode="sum", sparse=sparse)
+        self.bias = nn.Embedding(1, 1, sparse=sparse)  # an embedding, so SparseAdam can own it too
+        nn.init.zeros_(self.weight.weight)
+        nn.init.zeros_(self.bias.weight)
+
+    def forward(self, indices: torch.Tensor, offsets: torch.Tensor, values: torch.Tensor, rows: torch.Tensor):
+        """Logits, and the squared norm of the (distinct) weights the batch touches, for L2."""
+        bias = self.bias(torch.zeros(1, dtype=torch.long))[0, 0]
+        logits = self.weight(indices, offsets, per_sample_weights=values).squeeze(1) + bias
+        # A lookup (not index_select), so the L2 term's gradient is sparse like the loss's.
+        touched = F.embedding(rows, self.weight.weight, sparse=self.sparse)
+        return logits, touched.square().sum()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -116,6 +150,32 @@ def _load_split(objects, infos) -> list[tuple[torch.Tensor, torch.Tensor, torch.
                     torch.from_numpy(a["rating"].astype(np.float32)),
                     len(np.unique(a["user"])) + len(np.unique(a["item"]))))
     return out
+
+
+def _load_sparse(objects, infos) -> list[tuple]:
+    """LibSVM/Criteo parts as (indices, offsets, values, label, distinct features), checksums verified."""
+    out = []
+    for info in infos:
+        raw = objects.get(info.key)
+        if checksum(raw) != info.sha256:
+            raise RuntimeError(f"dataset part {info.key} does not match its checksum in manifest.json")
+        a = decode_batch(raw)
+        indices = torch.from_numpy(a["indices"].astype(np.int64))
+        rows = torch.unique(indices)
+        out.append((indices, torch.from_numpy(a["indptr"][:-1].astype(np.int64)),
+                    torch.from_numpy(a["values"].astype(np.float32)), torch.from_numpy(a["label"].astype(np.float32)),
+                    rows))
+    return out
+
+
+@torch.no_grad()
+def _test_logloss(net: LRNet, test) -> float:
+    total, n = 0.0, 0
+    for indices, offsets, values, label, rows in test:
+        logits, _ = net(indices, offsets, values, rows)
+        total += float(F.binary_cross_entropy_with_logits(logits.double(), label.double(), reduction="sum"))
+        n += label.numel()
+    return total / n
 
 
 @torch.no_grad()
@@ -140,6 +200,8 @@ def _comm_bytes(variant: str, workers: int, params: int, rows: int, dim: int) ->
         return 0
     if variant == "dense":
         return int(2 * (workers - 1) / workers * params * 4)
+    if dim == 0:  # sparse LR: one float per distinct feature, with its int64 index
+        return (workers - 1) * rows * (8 + 4)
     # Factor rows (dim floats) and bias rows (1 float), each with its int64 index.
     return (workers - 1) * rows * ((8 + 4 * dim) + (8 + 4))
 
@@ -148,10 +210,11 @@ def _worker(r: int, P: int, port: int, cfg: dict, results) -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine: keep gloo on loopback
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=r, world_size=P)
-    try:
-        _train(r, P, cfg, results)
-    finally:
-        dist.destroy_process_group()
+    _train(r, P, cfg, results)
+    # Leave together: a rank that tears its connections down while a peer still holds them
+    # can abort the peer (gloo: "terminate called without an active exception").
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def _train(r: int, P: int, cfg: dict, results) -> None:
@@ -160,23 +223,43 @@ def _train(r: int, P: int, cfg: dict, results) -> None:
     objects = FolderObjectStore(cfg["data_dir"])
     manifest = load_manifest(objects)
     seq = PartSequence(len(manifest.train.parts), cfg["seed"])
-    train = _load_split(objects, manifest.train.parts)
-    test = _load_split(objects, manifest.test.parts) if r == 0 else []
+    is_lr = cfg["model"] == "sparse_lr"
+    load = _load_sparse if is_lr else _load_split
+    train = load(objects, manifest.train.parts)
+    test = load(objects, manifest.test.parts) if r == 0 else []
 
     # Same seed on every rank; DDP broadcasts rank 0's parameters at construction anyway.
     torch.manual_seed(cfg["seed"])
-    net = PMFNet(manifest.num_users, manifest.num_items, rank, float(manifest.stats.get("rating_mean", 0.0)),
-                 sparse=variant != "dense", init_std=cfg["init_std"])
+    if is_lr:
+        net = LRNet(manifest.num_features, sparse=variant != "dense")
+    else:
+        net = PMFNet(manifest.num_users, manifest.num_items, rank, float(manifest.stats.get("rating_mean", 0.0)),
+                     sparse=variant != "dense", init_std=cfg["init_std"])
     model = nn.parallel.DistributedDataParallel(net)
     params = sum(p.numel() for p in net.parameters())
     lr = cfg["lr"]
     if variant == "dense":
-        opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9, nesterov=True)
+        opt = (torch.optim.Adam(net.parameters(), lr=lr) if is_lr
+               else torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9, nesterov=True))
     elif variant == "sparse":
         opt = torch.optim.SparseAdam(list(net.parameters()), lr=lr)
     else:
         opt = torch.optim.SGD(net.parameters(), lr=lr)
-    l2, target = cfg["l2"], cfg["target_rmse"]
+    l2, target = cfg["l2"], cfg["target"]
+    evaluate = (lambda: _test_logloss(net, test)) if is_lr else (lambda: _test_rmse(net, test))
+
+    def part_loss(part):
+        """(loss, samples, distinct gradient rows) of one minibatch."""
+        if is_lr:
+            indices, offsets, values, label, rows = part
+            logits, sq = model(indices, offsets, values, rows)
+            loss = F.binary_cross_entropy_with_logits(logits, label)
+            return (loss + 0.5 * l2 * sq if l2 else loss), label.numel(), rows.numel()
+        users, items, rating, rows = part
+        pred, sq = model(users, items)
+        loss = F.mse_loss(pred, rating)
+        return (loss + l2 * sq.mean() if l2 else loss), rating.numel(), rows
+
     num_parts = seq.num_parts
     max_steps = math.ceil(cfg["max_epochs"] * num_parts / P)
     eval_every = cfg["eval_every"] or max(1, num_parts // (16 * P))  # ~16 evaluations per epoch
@@ -191,18 +274,14 @@ def _train(r: int, P: int, cfg: dict, results) -> None:
     t0 = time.perf_counter()
     step = 0
     while step < max_steps:
-        users, items, rating, rows = train[seq.part_at(step * P + r)]
-        pred, sq = model(users, items)
-        loss = F.mse_loss(pred, rating)
-        if l2:
-            loss = loss + l2 * sq.mean()
+        loss, n, rows = part_loss(train[seq.part_at(step * P + r)])
         opt.zero_grad(set_to_none=True)
         loss.backward()  # DDP all-reduces (averages) the gradients here
         opt.step()
-        samples += rating.numel()
+        samples += n
         step_cpu.append(time.process_time() - cpu_mark)
-        # Sparse: coalesced gradient rows = distinct users + items of the part (counted at load).
-        sent_bytes += _comm_bytes(variant, P, params, rows, rank)
+        # Sparse: coalesced gradient rows = the distinct rows of the part (counted at load).
+        sent_bytes += _comm_bytes(variant, P, params, rows, 0 if is_lr else rank)
         cpu_mark = time.process_time()
         step += 1
         if step % eval_every and step < max_steps:
@@ -210,11 +289,12 @@ def _train(r: int, P: int, cfg: dict, results) -> None:
         if r == 0:
             now, now_cpu = time.perf_counter(), time.process_time()
             clock += now - t0
-            rmse = _test_rmse(net, test)
-            curve.append({"step": step, "epoch": step * P / num_parts, "seconds": clock, "test_rmse": rmse})
-            if hit is None and rmse <= target:
+            metric = evaluate()  # test RMSE (PMF) or test log-loss (sparse LR)
+            curve.append({"step": step, "epoch": step * P / num_parts, "seconds": clock, "test_metric": metric})
+            if hit is None and metric <= target:
                 hit = curve[-1]
-            stop = (hit is not None and cfg["stop_at_target"]) or clock >= cfg["max_seconds"] or not math.isfinite(rmse)
+            reached = hit is not None and cfg["stop_at_target"]
+            stop = reached or clock >= cfg["max_seconds"] or not math.isfinite(metric)
             flag.fill_(float(stop))
             t0 = time.perf_counter()
             eval_s += t0 - now
@@ -236,61 +316,108 @@ def _train(r: int, P: int, cfg: dict, results) -> None:
     traffic, samples, train_cpu = totals.tolist()
     if r != 0:
         return
-    final = curve[-1]["test_rmse"] if curve else float("nan")
+    final = curve[-1]["test_metric"] if curve else float("nan")
     if not math.isfinite(final):
         status = "diverged"
     elif hit is not None and cfg["stop_at_target"]:
         status = "target"
     else:
         status = "max_seconds" if clock >= cfg["max_seconds"] else "max_epochs"
-    results.put({
-        "variant": variant, "workers": P, "optimizer": OPTIMISERS[variant], "lr": lr, "l2": l2, "rank": rank,
-        "batch_size": manifest.batch_size, "train_parts": num_parts, "seed": cfg["seed"],
-        "status": status, "target_rmse": target, "reached": hit is not None,
-        "time_to_target_s": hit["seconds"] if hit else None,
-        "steps_to_target": hit["step"] if hit else None,
-        "epochs_to_target": hit["epoch"] if hit else None,
-        "final_test_rmse": final, "best_test_rmse": min((c["test_rmse"] for c in curve), default=float("nan")),
-        "steps": step, "epochs": step * P / num_parts, "train_seconds": clock, "eval_seconds": eval_s,
-        "setup_seconds": setup_s, "samples_per_s": samples / clock if clock else 0.0,
-        "step_ms": 1000 * clock / step if step else 0.0, "eval_every": eval_every,
-        # CPU one rank spends per step (all ranks' process time / ranks / steps): what a step
-        # would take with a core per rank and a free network.
-        "cpu_ms_per_worker_step": 1000 * train_cpu / P / step if step else None,
-        "cpu_ms_critical_per_step": 1000 * critical_cpu / step if step else None,
-        "model_params": params,
-        "bytes_per_step_per_rank": traffic / P / step if step else 0.0,
-        "bytes_exchanged_total": traffic, "mb_exchanged": traffic / 1e6,
-        "bytes_method": ("ring all-reduce, 2(P-1)/P x float32 model, per rank" if variant == "dense" else
-                         "measured gradient nnz (distinct rows x (int64 index + float32 row)) x (P-1), "
-                         "ring all-gather"),
-        "clock": "from after process-group init, in-memory data load and DDP parameter broadcast; "
-                 "test evaluation excluded",
-        "curve": curve,
-    })
+    results.put(
+        {
+            "variant": variant,
+            "workers": P,
+            "optimizer": (LR_OPTIMISERS if is_lr else OPTIMISERS)[variant],
+            "lr": lr,
+            "l2": l2,
+            "rank": rank,
+            "batch_size": manifest.batch_size,
+            "train_parts": num_parts,
+            "seed": cfg["seed"],
+            "model": cfg["model"],
+            "metric": "logloss" if is_lr else "rmse",
+            "status": status,
+            "target": target,
+            "reached": hit is not None,
+            "time_to_target_s": hit["seconds"] if hit else None,
+            "steps_to_target": hit["step"] if hit else None,
+            "epochs_to_target": hit["epoch"] if hit else None,
+            "final_test_metric": final,
+            "best_test_metric": min((c["test_metric"] for c in curve), default=float("nan")),
+            "steps": step,
+            "epochs": step * P / num_parts,
+            "train_seconds": clock,
+            "eval_seconds": eval_s,
+            "setup_seconds": setup_s,
+            "samples_per_s": samples / clock if clock else 0.0,
+            "step_ms": 1000 * clock / step if step else 0.0,
+            "eval_every": eval_every,
+            # CPU one rank spends per step (all ranks' process time / ranks / steps): what a step
+            # would take with a core per rank and a free network.
+            "cpu_ms_per_worker_step": 1000 * train_cpu / P / step if step else None,
+            "cpu_ms_critical_per_step": 1000 * critical_cpu / step if step else None,
+            "model_params": params,
+            "bytes_per_step_per_rank": traffic / P / step if step else 0.0,
+            "bytes_exchanged_total": traffic,
+            "mb_exchanged": traffic / 1e6,
+            "bytes_method": (
+                "ring all-reduce, 2(P-1)/P x float32 model, per rank"
+                if variant == "dense"
+                else "measured gradient nnz (distinct rows x (int64 index + float32 row)) x (P-1), ring all-gather"
+            ),
+            "clock": "from after process-group init, in-memory data load and DDP parameter broadcast; "
+            "test evaluation excluded",
+            "curve": curve,
+        }
+    )
 
 
-def run_ddp(data_dir, workers: int, target_rmse: float, *, variant: str = "dense", rank: int = 20,
-            lr: float | None = None, max_seconds: float = 600.0, max_epochs: float = 20.0, seed: int = 0,
-            eval_every: int | None = None, l2: float | None = None, init_std: float | None = None,
-            stop_at_target: bool = True) -> dict:
-    """Train PMF with DDP on ``workers`` local processes; rank 0's measurements as a dict.
+def run_ddp(
+    data_dir,
+    workers: int,
+    target: float,
+    *,
+    model: str = "pmf",
+    variant: str = "dense",
+    rank: int = 20,
+    lr: float | None = None,
+    max_seconds: float = 600.0,
+    max_epochs: float = 20.0,
+    seed: int = 0,
+    eval_every: int | None = None,
+    l2: float | None = None,
+    init_std: float | None = None,
+    stop_at_target: bool = True,
+) -> dict:
+    """Train ``model`` (pmf | sparse_lr) with DDP on ``workers`` local processes; rank 0's measurements.
 
-    ``lr`` None takes the tuned default for the variant. ``l2`` None is Ebb's pmf l2.
+    ``target`` is a test RMSE (pmf) or test log-loss (sparse_lr). ``lr`` None takes the
+    tuned default for the variant; ``l2`` None is Ebb's default for the model.
     ``eval_every`` is in steps (None: about 16 test evaluations per epoch). With
     ``stop_at_target`` False the run goes on to ``max_epochs`` / ``max_seconds`` so the
-    final RMSE shows where the baseline converges.
+    final metric shows where the baseline converges.
     """
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; expected one of {', '.join(VARIANTS)}")
+    kinds = {"pmf": "ratings", "sparse_lr": "sparse"}
+    if model not in kinds:
+        raise ValueError(f"unknown model {model!r}; expected pmf or sparse_lr")
+    allowed = VARIANTS if model == "pmf" else tuple(LR_DEFAULT_LR)
+    if variant not in allowed:
+        raise ValueError(f"unknown {model} variant {variant!r}; expected one of {', '.join(allowed)}")
     manifest = load_manifest(FolderObjectStore(data_dir))  # fail here, not in every worker
-    if manifest.kind != "ratings":
-        raise ValueError(f"PMF needs a ratings dataset, {data_dir} holds {manifest.kind} data")
+    if manifest.kind != kinds[model]:
+        raise ValueError(f"{model} needs a {kinds[model]} dataset, {data_dir} holds {manifest.kind} data")
     cfg = {
-        "data_dir": str(data_dir), "variant": variant, "rank": rank, "seed": seed, "target_rmse": target_rmse,
-        "lr": lr if lr is not None else DEFAULT_LR[variant],
-        "max_seconds": max_seconds, "max_epochs": max_epochs, "eval_every": eval_every,
-        "l2": l2 if l2 is not None else MODEL_DEFAULTS["pmf"]["l2"],
+        "data_dir": str(data_dir),
+        "model": model,
+        "variant": variant,
+        "rank": rank,
+        "seed": seed,
+        "target": target,
+        "lr": lr if lr is not None else (DEFAULT_LR if model == "pmf" else LR_DEFAULT_LR)[variant],
+        "max_seconds": max_seconds,
+        "max_epochs": max_epochs,
+        "eval_every": eval_every,
+        "l2": l2 if l2 is not None else MODEL_DEFAULTS[model]["l2"],
         "init_std": init_std if init_std is not None else MODEL_DEFAULTS["pmf"]["init_std"],
         "stop_at_target": stop_at_target,
     }
@@ -300,17 +427,33 @@ def run_ddp(data_dir, workers: int, target_rmse: float, *, variant: str = "dense
     return results.get()
 
 
-def tune_lr(data_dir, workers: int, variant: str, *, rank: int, epochs: float, seed: int, l2: float) -> dict:
-    """Short runs over the variant's grid; the lr with the lowest test RMSE after ``epochs``."""
+def tune_lr(
+    data_dir, workers: int, variant: str, *, model: str = "pmf", rank: int, epochs: float, seed: int, l2: float | None
+) -> dict:
+    """Short runs over the variant's grid; the lr with the lowest test metric after ``epochs``."""
     trials = []
-    for lr in TUNE_GRID[variant]:
-        res = run_ddp(data_dir, workers, 0.0, variant=variant, rank=rank, lr=lr, max_epochs=epochs, seed=seed,
-                      l2=l2, stop_at_target=False)
-        trials.append({"lr": lr, "final_test_rmse": res["final_test_rmse"]})
-        print(f"  tune {variant:10s} lr={lr:<8g} test RMSE after {epochs:g} epochs: "
-              f"{res['final_test_rmse']:.4f}", flush=True)
-    ok = [t for t in trials if math.isfinite(t["final_test_rmse"])]
-    best = min(ok, key=lambda t: t["final_test_rmse"]) if ok else trials[0]
+    for lr in (TUNE_GRID if model == "pmf" else LR_TUNE_GRID)[variant]:
+        res = run_ddp(
+            data_dir,
+            workers,
+            0.0,
+            model=model,
+            variant=variant,
+            rank=rank,
+            lr=lr,
+            max_epochs=epochs,
+            seed=seed,
+            l2=l2,
+            stop_at_target=False,
+        )
+        trials.append({"lr": lr, "final_test_metric": res["final_test_metric"]})
+        print(
+            f"  tune {variant:10s} lr={lr:<8g} test {res['metric']} after {epochs:g} epochs: "
+            f"{res['final_test_metric']:.4f}",
+            flush=True,
+        )
+    ok = [t for t in trials if math.isfinite(t["final_test_metric"])]
+    best = min(ok, key=lambda t: t["final_test_metric"]) if ok else trials[0]
     return {"best": best, "trials": trials, "epochs": epochs}
 
 
@@ -330,53 +473,89 @@ def _fmt(x, spec):
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'variant':11s} {'optimizer':33s} {'lr':>9s} {'workers':>7s} {'to target (s)':>13s} "
-          f"{'epochs':>6s} {'final RMSE':>10s} {'steps':>6s} {'MB exchanged':>12s} {'samples/s':>10s}")
+    print(
+        f"{'variant':11s} {'optimizer':33s} {'lr':>9s} {'workers':>7s} {'to target (s)':>13s} "
+        f"{'epochs':>6s} {'final metric':>12s} {'steps':>6s} {'MB exchanged':>12s} {'samples/s':>10s}"
+    )
     for r in rows:
-        print(f"{r['variant']:11s} {r['optimizer']:33s} {r['lr']:9.4g} {r['workers']:7d} "
-              f"{_fmt(r['time_to_target_s'], '13.2f')} {_fmt(r['epochs_to_target'], '6.2f')} "
-              f"{r['final_test_rmse']:10.4f} {r['steps']:6d} {r['bytes_exchanged_total'] / 1e6:12.1f} "
-              f"{r['samples_per_s']:10.0f}")
+        print(
+            f"{r['variant']:11s} {r['optimizer']:33s} {r['lr']:9.4g} {r['workers']:7d} "
+            f"{_fmt(r['time_to_target_s'], '13.2f')} {_fmt(r['epochs_to_target'], '6.2f')} "
+            f"{r['final_test_metric']:12.4f} {r['steps']:6d} {r['bytes_exchanged_total'] / 1e6:12.1f} "
+            f"{r['samples_per_s']:10.0f}"
+        )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", required=True, help="prepared ratings dataset folder (ebb prepare --out)")
+    ap.add_argument("--data", required=True, help="prepared dataset folder (ebb prepare --out)")
+    ap.add_argument("--model", choices=["pmf", "sparse_lr"], default="pmf")
     ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--target-rmse", type=float, required=True)
+    ap.add_argument("--target", type=float, required=True, help="test RMSE (pmf) or test log-loss (sparse_lr)")
     ap.add_argument("--rank", type=int, default=MODEL_DEFAULTS["pmf"]["rank"])
     ap.add_argument("--lr", type=float, default=None, help="override the tuned learning rate (all variants)")
-    ap.add_argument("--l2", type=float, default=MODEL_DEFAULTS["pmf"]["l2"],
-                    help="L2 on the rows each sample uses, added to the mean loss (default: Ebb's pmf l2)")
+    ap.add_argument(
+        "--l2",
+        type=float,
+        default=None,
+        help="L2 on the rows each sample uses, added to the mean loss (default: Ebb's for the model)",
+    )
     ap.add_argument("--max-seconds", type=float, default=600.0)
     ap.add_argument("--max-epochs", type=float, default=20.0)
     ap.add_argument("--eval-every", type=int, default=None, help="steps between test evaluations")
-    ap.add_argument("--variants", default="dense,sparse", help=f"comma list of {', '.join(VARIANTS)}")
-    ap.add_argument("--no-stop", action="store_true", help="keep training after the target to see the final RMSE")
+    ap.add_argument(
+        "--variants", default="dense,sparse", help=f"comma list of {', '.join(VARIANTS)} (sparse_lr: dense, sparse)"
+    )
+    ap.add_argument("--no-stop", action="store_true", help="keep training after the target to see the final metric")
     ap.add_argument("--tune", action="store_true", help="grid-search the lr first (short runs), then run with the best")
     ap.add_argument("--tune-epochs", type=float, default=3.0)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    allowed = VARIANTS if args.model == "pmf" else tuple(LR_DEFAULT_LR)
     for v in variants:
-        if v not in VARIANTS:
-            ap.error(f"unknown variant {v!r}; expected one of {', '.join(VARIANTS)}")
+        if v not in allowed:
+            ap.error(f"unknown {args.model} variant {v!r}; expected one of {', '.join(allowed)}")
     rows, tuning = [], {}
     for v in variants:
         lr = args.lr
         if args.tune:
-            tuning[v] = tune_lr(args.data, args.workers, v, rank=args.rank, epochs=args.tune_epochs,
-                                seed=args.seed, l2=args.l2)
+            tuning[v] = tune_lr(
+                args.data,
+                args.workers,
+                v,
+                model=args.model,
+                rank=args.rank,
+                epochs=args.tune_epochs,
+                seed=args.seed,
+                l2=args.l2,
+            )
             lr = tuning[v]["best"]["lr"]
-        res = run_ddp(args.data, args.workers, args.target_rmse, variant=v, rank=args.rank, lr=lr,
-                      max_seconds=args.max_seconds, max_epochs=args.max_epochs, seed=args.seed,
-                      eval_every=args.eval_every, l2=args.l2, stop_at_target=not args.no_stop)
+        res = run_ddp(
+            args.data,
+            args.workers,
+            args.target,
+            model=args.model,
+            variant=v,
+            rank=args.rank,
+            lr=lr,
+            max_seconds=args.max_seconds,
+            max_epochs=args.max_epochs,
+            seed=args.seed,
+            eval_every=args.eval_every,
+            l2=args.l2,
+            stop_at_target=not args.no_stop,
+        )
         rows.append(res)
-        print(f"{v}: {res['optimizer']} lr={res['lr']:.4g}, "
-              f"{'reached' if res['reached'] else 'did not reach'} {args.target_rmse} "
-              f"after {_fmt(res['time_to_target_s'], '.2f')} s; final test RMSE {res['final_test_rmse']:.4f} "
-              f"({res['steps']} steps, {res['epochs']:.2f} epochs, setup {res['setup_seconds']:.1f} s)", flush=True)
+        print(
+            f"{v}: {res['optimizer']} lr={res['lr']:.4g}, "
+            f"{'reached' if res['reached'] else 'did not reach'} {args.target} "
+            f"after {_fmt(res['time_to_target_s'], '.2f')} s; final test {res['metric']} "
+            f"{res['final_test_metric']:.4f} ({res['steps']} steps, {res['epochs']:.2f} epochs, "
+            f"setup {res['setup_seconds']:.1f} s)",
+            flush=True,
+        )
     print()
     print_table(rows)
     print("clock: " + rows[0]["clock"] if rows else "")
