@@ -138,33 +138,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _load_split(objects, infos) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]:
-    """Parts as (user, item, rating, distinct users + distinct items), checksums verified."""
-    out = []
+def _verified_parts(objects, infos):
+    """The decoded arrays of each part, its checksum verified."""
     for info in infos:
         raw = objects.get(info.key)
         if checksum(raw) != info.sha256:
             raise RuntimeError(f"dataset part {info.key} does not match its checksum in manifest.json")
-        a = decode_batch(raw)
-        out.append((torch.from_numpy(a["user"].astype(np.int64)), torch.from_numpy(a["item"].astype(np.int64)),
-                    torch.from_numpy(a["rating"].astype(np.float32)),
-                    len(np.unique(a["user"])) + len(np.unique(a["item"]))))
-    return out
+        yield decode_batch(raw)
+
+
+def _load_split(objects, infos) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]:
+    """Ratings parts as (user, item, rating, distinct users + distinct items)."""
+    return [(torch.from_numpy(a["user"].astype(np.int64)), torch.from_numpy(a["item"].astype(np.int64)),
+             torch.from_numpy(a["rating"].astype(np.float32)), len(np.unique(a["user"])) + len(np.unique(a["item"])))
+            for a in _verified_parts(objects, infos)]
 
 
 def _load_sparse(objects, infos) -> list[tuple]:
-    """LibSVM/Criteo parts as (indices, offsets, values, label, distinct features), checksums verified."""
+    """LibSVM/Criteo parts as (indices, offsets, values, label, distinct features)."""
     out = []
-    for info in infos:
-        raw = objects.get(info.key)
-        if checksum(raw) != info.sha256:
-            raise RuntimeError(f"dataset part {info.key} does not match its checksum in manifest.json")
-        a = decode_batch(raw)
+    for a in _verified_parts(objects, infos):
         indices = torch.from_numpy(a["indices"].astype(np.int64))
-        rows = torch.unique(indices)
         out.append((indices, torch.from_numpy(a["indptr"][:-1].astype(np.int64)),
                     torch.from_numpy(a["values"].astype(np.float32)), torch.from_numpy(a["label"].astype(np.float32)),
-                    rows))
+                    torch.unique(indices)))
     return out
 
 

@@ -388,41 +388,10 @@ def test_cli_prepare_val_fraction(tmp_path, capsys):
 
     write_unique_ratings(tmp_path / "u.data")
     out = tmp_path / "prep"
-    assert (
-        main(
-            [
-                "prepare",
-                "--format",
-                "movielens",
-                "--input",
-                str(tmp_path / "u.data"),
-                "--out",
-                str(out),
-                "--batch-size",
-                "100",
-                "--val-fraction",
-                "0.15",
-            ]
-        )
-        == 0
-    )
+    prepare = ["prepare", "--format", "movielens", "--input", str(tmp_path / "u.data"), "--out", str(out)]
+    assert main([*prepare, "--batch-size", "100", "--val-fraction", "0.15"]) == 0
     assert "750 train rows in 8 parts, 150 validation rows, 100 test rows" in capsys.readouterr().out
     manifest = json.loads((out / MANIFEST_KEY).read_text())
     assert manifest["val"]["rows"] == 150 and (out / "val" / "part-000001").is_file()
-    assert (
-        main(
-            [
-                "prepare",
-                "--format",
-                "movielens",
-                "--input",
-                str(tmp_path / "u.data"),
-                "--out",
-                str(out),
-                "--val-fraction",
-                "0.95",
-            ]
-        )
-        == 2
-    )
+    assert main([*prepare, "--val-fraction", "0.95"]) == 2
     assert "--test-fraction + --val-fraction must be below 1, got 0.1 + 0.95" in capsys.readouterr().err
