@@ -88,6 +88,10 @@ def _add_train(sub) -> None:
     p.add_argument(
         "--redis", action="append", metavar="URL", help="use this Redis (repeat to shard) instead of a private one"
     )
+    p.add_argument("--clock", choices=["host", "fleet"],
+                   help="run the job (tuner, stop rules, cost, history) on this machine's time or on the modelled "
+                   "time of a Lambda fleet (default host; see clock.* in the job file)")
+    p.add_argument("--link-mb-s", type=float, metavar="MB_S", help="fleet clock: one worker's link, MB/s (default 75)")
     p.add_argument(
         "--resume",
         metavar="OUT",
@@ -122,6 +126,8 @@ TRAIN_OVERRIDES = {
     "out": "out",
     "round_seconds": "round_seconds",
     "round_steps": "round_steps",
+    "clock": "clock.kind",
+    "link_mb_s": "clock.link_mb_s",
 }
 
 

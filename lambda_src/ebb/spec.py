@@ -139,6 +139,20 @@ class AwsSpec(_Strict):
                                                         "per deployment)")
 
 
+class ClockSpec(_Strict):
+    """Which clock the job runs on: host time, or the modelled time of a fleet (docs/ARCHITECTURE.md, "Fleet clock")."""
+
+    kind: Literal["host", "fleet"] = Field("host", description="host (this machine's time) | fleet (a step = slowest "
+                                           "worker's CPU + bytes / link + requests × rtt)")
+    link_mb_s: float = Field(75.0, gt=0, description="fleet: one worker's link to the cache, MB/s (Lambda, measured)")
+    rtt_ms: float = Field(0.4, ge=0, description="fleet: one update-store request's round trip, ms (ElastiCache in "
+                          "the VPC)")
+    node_mb_s: float = Field(625.0, gt=0, description="fleet: the cache node's link, MB/s per direction, shared by "
+                             "all workers (cache.t4g.medium: up to 5 Gbit/s)")
+    cold_start_s: float = Field(3.0, ge=0, description="fleet: one cold start of a wave of workers (round start, "
+                                "joiners): container image + imports")
+
+
 class JobSpec(_Strict):
     """A training job: every field, with its default (``ebb spec`` prints them all)."""
 
@@ -158,6 +172,7 @@ class JobSpec(_Strict):
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
     aws: AwsSpec = Field(default_factory=AwsSpec)
     faults: FaultSpec = Field(default_factory=FaultSpec)
+    clock: ClockSpec = Field(default_factory=ClockSpec)
     redis_urls: list[str] = Field(default_factory=list, description="locally: use these Redis servers (sharded) "
                                   "instead of starting one")
     round_seconds: float = Field(840, gt=0, description="training time per round, then checkpoint and resume in "

@@ -48,6 +48,7 @@ class StepReport(_Message):
     sync_seconds: float | None = Field(None, description="last announcement of the previous step -> this worker's go")
     sent_at: float = Field(description="wall time of the announcement")
     object_gets: int = 0
+    requests: int = Field(0, description="update-store round trips since the last report (announce and go included)")
     timing: dict[str, float] = Field(default_factory=dict)
     test: dict | None = Field(None, description="a test-split scoring done since the last report")
 

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from ebb.cost.meter import JobAccount, meter_for
 from ebb.cost.model import would_exceed
 from ebb.engine import checkpoint
 from ebb.engine.clock import JobClock, wall
+from ebb.engine.fleet_clock import FleetTimeline, Links, WorkerStep
 from ebb.engine.messages import Directive, EndReport, StepReport
 from ebb.engine.worker import (ABORT_BLOB, SUPERVISOR, EngineError, WorkerStart, load_manifest, lost_blob, replica_blob,
                                sync_mode)
@@ -101,7 +103,8 @@ def new_state(spec: JobSpec) -> dict:
         "job": spec.name, "round": -1, "finished": False, "mode": sync_mode(spec),
         "clock": -1, "cursor": 0, "members": members, "upcoming": members, "next_id": spec.workers,
         "held": Directive(step=0).model_dump(exclude_none=True),  # the directive of step clock + 1
-        "elapsed": 0.0, "worker_seconds": 0.0, "worker_invocations": 0, "checkpoint_puts": 0, "directives": 0,
+        "elapsed": 0.0, "host_elapsed": 0.0, "fleet": None,
+        "worker_seconds": 0.0, "worker_invocations": 0, "checkpoint_puts": 0, "directives": 0,
         "history": [], "scale_events": [], "totals": {k: 0 for k in TOTALS_FIELDS}, "timing": {},
         "stop_reason": None, "stop_step": None, "at_target": 0, "recent_loss": {},
         "test_hit": None, "eval_seconds": 0.0, "sync_samples": [], "sync_first": [], "handling_ms": [],
@@ -115,7 +118,8 @@ class Supervisor:
 
     def __init__(self, spec: JobSpec, *, data: ObjectStore, checkpoints: ObjectStore, updates: UpdateStore,
                  signals: SignalChannel, launcher: WorkerLauncher, round_: int, sink: MetricsSink | None = None,
-                 policy=None, round_seconds: float | None = None, restarts: list[dict] | None = None):
+                 policy=None, round_seconds: float | None = None, restarts: list[dict] | None = None,
+                 cpu_of: Callable[[StepReport], float] | None = None):
         self.spec, self.data, self.checkpoints = spec, data, checkpoints
         self.updates, self.signals, self.launcher = updates, signals, launcher
         self.sink = sink or NullSink()
@@ -131,7 +135,16 @@ class Supervisor:
             raise checkpoint.CheckpointError(f"round {round_} needs the state of round {round_ - 1}, "
                                              f"found round {self.state_round}'s")
         self.faults += restarts or []  # earlier attempts at this round that were given up
-        self.job_clock = JobClock(before=self.elapsed_before)
+        # Host time always runs (round deadlines, liveness, host_seconds); the job's own
+        # time is the fleet clock's when clock.kind is fleet (docs/ARCHITECTURE.md, "Fleet clock").
+        self.job_clock = JobClock(before=self.host_before)
+        self.fleet: FleetTimeline | None = None
+        if spec.clock.kind == "fleet":
+            fleet = self.fleet_before or {"time": 0.0, "worker_seconds": 0.0}
+            self.fleet = FleetTimeline(Links.of(spec.clock), spec.sync.slack if self.mode == "ssp" else 0,
+                                       time=fleet["time"], worker_seconds=fleet["worker_seconds"])
+        # A step's CPU as the fleet clock reads it: measured, or replayed by a test.
+        self.cpu_of = cpu_of or (lambda r: r.cpu_seconds)
         # This round only: reports of unclosed steps, workers' starts and ends, the steps
         # whose updates still sit in the update store, and the end of round once named.
         self.steps: dict[int, dict[int, StepReport]] = {}
@@ -157,7 +170,8 @@ class Supervisor:
             "job": self.spec.name, "round": self.state_round, "finished": self.finished, "mode": self.mode,
             "clock": self.clock, "cursor": self.cursor, "members": self.members, "upcoming": self.upcoming,
             "next_id": self.next_id, "held": self.held.model_dump(exclude_none=True) if self.held else None,
-            "elapsed": self.job_clock.elapsed(), "worker_seconds": self.worker_seconds(),
+            "elapsed": self.elapsed(), "host_elapsed": self.job_clock.elapsed(),
+            "fleet": self.fleet.state_dict() if self.fleet else None, "worker_seconds": self.worker_seconds(),
             "worker_invocations": self.worker_invocations, "checkpoint_puts": self.checkpoint_puts,
             "directives": self.directives, "history": self.history, "scale_events": self.scale_events,
             "totals": self.totals, "timing": self.timing, "stop_reason": self.stop_reason,
@@ -180,7 +194,8 @@ class Supervisor:
         self.clock, self.cursor = state["clock"], state["cursor"]
         self.members, self.upcoming, self.next_id = list(state["members"]), list(state["upcoming"]), state["next_id"]
         self.held = Directive.model_validate(state["held"]) if state["held"] else None
-        self.elapsed_before = state["elapsed"]
+        self.host_before = state.get("host_elapsed", state["elapsed"])
+        self.fleet_before = state.get("fleet")
         self.worker_seconds_before = state["worker_seconds"]
         self.worker_invocations, self.checkpoint_puts = state["worker_invocations"], state["checkpoint_puts"]
         self.directives = state["directives"]
@@ -199,9 +214,12 @@ class Supervisor:
 
     # -- accounting ----------------------------------------------------------------
     def elapsed(self) -> float:
-        return self.job_clock.elapsed()
+        """The job's time: the fleet clock's (at the last closed step) or the host's."""
+        return self.fleet.time if self.fleet else self.job_clock.elapsed()
 
     def worker_seconds(self) -> float:
+        if self.fleet:
+            return self.fleet.worker_seconds
         now = self.elapsed()
         return self.worker_seconds_before + sum(self.ended_at.get(w, now) - t for w, t in self.started_at.items())
 
@@ -254,6 +272,8 @@ class Supervisor:
     def _start_workers(self) -> None:
         held, self.held = self.held, None
         self._release(held.step, self.members, held.model_copy(update={"round": self.round}))
+        if self.fleet:
+            self.fleet.launch(self.members)  # the round's wave of invocations: one cold start
         for w in self.members:
             resume = checkpoint.worker_key(self.round - 1, w) if self.round > 0 else None
             self._launch(WorkerStart(worker=w, members=list(self.members), round=self.round, step=self.clock + 1,
@@ -318,6 +338,8 @@ class Supervisor:
         if policy == "restart_round" or self.mode == "ssp" or not survivors or k not in self._staged:
             raise RoundLost(f"{what} at step {k}")
         at = self.elapsed()
+        if self.fleet:
+            self.fleet.leave(lost)
         for w, why in sorted(lost.items()):
             self.launcher.stop(w)
             self.updates.put_blob(lost_blob(w), b"1")  # should it come back, it leaves quietly
@@ -381,10 +403,12 @@ class Supervisor:
         target = self.spec.stop.target_test
         if target is not None and value <= target and self.test_hit is None:
             at = self.history[step]["time"] if step < len(self.history) else self.elapsed()
+            # Host time holds the scorings; fleet time never did (scoring CPU is not in cpu_seconds).
+            scoring = 0.0 if self.fleet else self.eval_seconds - test["seconds"]
             self.test_hit = {
                 "step": step,
                 "time": at,
-                "seconds_excluding_eval": at - (self.eval_seconds - test["seconds"]),
+                "seconds_excluding_eval": at - scoring,
                 self.loss_name: value,
             }
 
@@ -401,6 +425,10 @@ class Supervisor:
         # The workers step their cursor past every position of the step, a lost worker's too.
         self.cursor += len(next(iter(reports.values())).members)
         epoch = self.cursor / self.num_parts
+        if self.fleet:
+            joining = len(set(self.upcoming) - set(self.members))  # launched, not training yet: billed
+            self.fleet.close(k, {w: WorkerStep(self.cpu_of(r), r.sent_bytes, r.read_bytes, r.requests)
+                                 for w, r in reports.items()}, waiting=joining)
         elapsed = self.elapsed()
         self._time_step()
         t = self.totals
@@ -423,6 +451,7 @@ class Supervisor:
         record = {
             "step": k,
             "time": round(elapsed, 4),
+            "host_time": round(self.job_clock.elapsed(), 4),
             "loss": loss,
             "epoch": round(epoch, 4),
             "workers": len(trained),
@@ -574,6 +603,8 @@ class Supervisor:
             joined = list(range(self.next_id, self.next_id + decision.count))
             self.next_id += decision.count
             after = sorted(trainers + joined)
+            if self.fleet:
+                self.fleet.launch(joined)  # launched now, at this step's fleet time: one cold start
             directive.donors = [donor]
             for w in joined:
                 # It starts after barrier ``nxt``, from the donor's replica as of that barrier.

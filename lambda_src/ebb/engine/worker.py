@@ -220,6 +220,7 @@ class Worker:
         self.events: dict[int, Directive] = {}  # directives by step
         self.timer = StepTimer()
         self.bytes_read = 0
+        self.requests = 0  # update-store round trips since the last report (the fleet clock's rtt term)
         self._cpu_mark = time.process_time()
         self.sync_overhead_s: float | None = None
         self._announce_s = 0.0
@@ -386,6 +387,7 @@ class Worker:
             payload = b"" if empty else sent.encode()
         if payload:
             self.updates.publish(t, self.me, payload)
+            self.requests += 1
         self.timer.lap("write")
         if self.mode == "ssp":
             self.model.apply(update)  # read your own writes; corrected to the step's mean when it clears
@@ -412,6 +414,7 @@ class Worker:
                 sync_seconds=self.sync_overhead_s,
                 sent_at=wall(),
                 object_gets=self.parts.gets,
+                requests=self.requests + 2,  # this announcement and the go that answers it
                 timing=self.timer.take(),
                 test=self._test_result,
             )
@@ -419,7 +422,7 @@ class Worker:
         self.parts.gets = 0
         self._test_result = None
         self._announce_s = time.perf_counter() - before
-        self.bytes_read, self.sync_overhead_s = 0, None
+        self.bytes_read, self.sync_overhead_s, self.requests = 0, None, 0
 
     def _wait_for_clock(self, need: int) -> None:
         self.timer.start()
@@ -467,6 +470,7 @@ class Worker:
             # The directive names who sent something: empty announcers are not read at all.
             others = [q for q in members if q != self.me and (senders is None or q in senders)]
             payloads = self.updates.fetch(k, others) if others else {}
+            self.requests += bool(others)
             self.bytes_read += sum(len(p) for p in payloads.values())
             self.timer.lap("read")
             own = self.own.pop(k, None)

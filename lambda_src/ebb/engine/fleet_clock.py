@@ -1,0 +1,131 @@
+"""The fleet clock: the time a job's steps would take on a fleet of functions, each with
+its own vCPU and its own network link to one cache node (docs/ARCHITECTURE.md, "Fleet clock").
+
+Locally every worker shares the host's cores and talks over a free loopback, so host
+time measures CPU queueing. The fleet clock instead builds each step's time from what
+the workers measured and reported (``StepReport``): process CPU time, bytes written and
+read, requests to the update store. Pure arithmetic; the supervisor feeds it.
+
+One worker's share of a step (from its previous report to this one)::
+
+    t_w = cpu_w + (sent_w + read_w) / link + requests_w × rtt
+
+The cache node is shared: a step cannot clear sooner than the node moves its busier
+direction, ``max(Σ sent, Σ read) / node`` (a full-duplex link).
+
+Steps are closed in order. Each worker ``w`` has a virtual time ``ready_w``: when it
+finished its last step. The dependency rule of the sync model, with ``slack`` 0 for BSP
+and ISP (a barrier per step) and ``sync.slack`` for SSP:
+
+    start_w(s) = max(ready_w, cleared(s - 1 - slack))
+    finish_w(s) = start_w(s) + t_w(s)
+    cleared(s) = max(max_w finish_w(s), cleared(s - 1) + node(s))
+
+so worker ``w`` may start step ``s`` once it finished its own step ``s - 1`` and every
+member finished step ``s - 1 - slack``. With a barrier (slack 0) every member starts at
+``cleared(s - 1)`` and a step takes ``max(max_w t_w, node)``: the slowest worker. The
+job's fleet time is ``cleared`` of its last closed step (by then every worker has
+finished it, so it is the largest virtual time).
+
+A wave of invocations (the workers of a round's start, or joiners) pays one cold start:
+their ``ready`` is the fleet time they were launched at plus ``cold_start_s``.
+
+Billing on the fleet clock: every live invocation (a member of the step, or a joiner
+launched and not yet training) is billed for each step's fleet time, ``cleared(s) -
+cleared(s - 1)``, the cold start included (Lambda bills a function's init).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+
+MB = 1e6
+
+
+@dataclass(frozen=True)
+class Links:
+    """The fleet's network and start-up: per-worker link, request round trip, the cache
+    node's link, one cold start (the ``clock`` section of a job spec)."""
+
+    link_mb_s: float = 75.0
+    rtt_ms: float = 0.4
+    node_mb_s: float = 625.0
+    cold_start_s: float = 3.0
+
+    @classmethod
+    def of(cls, clock_spec) -> Links:
+        return cls(link_mb_s=clock_spec.link_mb_s, rtt_ms=clock_spec.rtt_ms, node_mb_s=clock_spec.node_mb_s,
+                   cold_start_s=clock_spec.cold_start_s)
+
+
+@dataclass(frozen=True)
+class WorkerStep:
+    """What one worker measured for one step (its ``StepReport``)."""
+
+    cpu_s: float
+    sent_bytes: int = 0
+    read_bytes: int = 0
+    requests: int = 0
+
+
+def worker_seconds(w: WorkerStep, links: Links) -> float:
+    """One worker's time for its step: CPU + its bytes over its link + its round trips."""
+    return w.cpu_s + (w.sent_bytes + w.read_bytes) / (links.link_mb_s * MB) + w.requests * links.rtt_ms / 1e3
+
+
+def node_seconds(steps: Iterable[WorkerStep], links: Links) -> float:
+    """The cache node's lower bound on a step: its busier direction over its link."""
+    steps = list(steps)
+    busier = max(sum(w.sent_bytes for w in steps), sum(w.read_bytes for w in steps))
+    return busier / (links.node_mb_s * MB)
+
+
+def barrier_step_seconds(steps: Iterable[WorkerStep], links: Links) -> float:
+    """A barrier step's fleet time (BSP, ISP): the slowest worker, at least the node's bound."""
+    steps = list(steps)
+    return max(max((worker_seconds(w, links) for w in steps), default=0.0), node_seconds(steps, links))
+
+
+class FleetTimeline:
+    """Virtual times of the workers and of the cleared steps (the rule in the module doc)."""
+
+    def __init__(self, links: Links, slack: int = 0, time: float = 0.0, worker_seconds: float = 0.0):
+        self.links, self.slack = links, slack
+        self.time = float(time)  # cleared(last closed step): the job's fleet time
+        self.worker_seconds = float(worker_seconds)  # billed worker-seconds of fleet time
+        self.ready: dict[int, float] = {}
+        self.cleared: dict[int, float] = {}  # step -> cleared(step), this round's steps
+
+    def launch(self, workers: Iterable[int], at: float | None = None) -> None:
+        """A wave of invocations launched at fleet time ``at`` (default now): one cold start."""
+        start = (self.time if at is None else at) + self.links.cold_start_s
+        for w in workers:
+            self.ready[w] = start
+
+    def leave(self, workers: Iterable[int]) -> None:
+        for w in workers:
+            self.ready.pop(w, None)
+
+    def close(self, step: int, measured: Mapping[int, WorkerStep], waiting: int = 0) -> float:
+        """Close ``step`` (steps close in order) with each member's measures; returns cleared(step).
+
+        ``waiting``: invocations launched that do not train yet (joiners), billed too."""
+        gate = self.cleared.get(step - 1 - self.slack, 0.0)
+        finish = 0.0
+        for w, m in measured.items():
+            done = max(self.ready.get(w, self.time), gate) + worker_seconds(m, self.links)
+            self.ready[w] = done
+            finish = max(finish, done)
+        previous = self.cleared.get(step - 1, self.time)
+        cleared = max(finish, previous + node_seconds(measured.values(), self.links), self.time)
+        self.cleared[step] = cleared
+        self.cleared.pop(step - 2 - 2 * self.slack, None)  # only the last slack + 1 are looked back at
+        self.worker_seconds += (cleared - self.time) * (len(measured) + waiting)
+        self.time = cleared
+        return cleared
+
+    def state_dict(self) -> dict:
+        """What survives rounds: the fleet time and the billed worker-seconds (a round's
+        workers start again, cold, so their virtual times are not carried)."""
+        return {"time": self.time, "worker_seconds": self.worker_seconds}

@@ -1,0 +1,144 @@
+"""The fleet clock: its arithmetic on fixed measures, the SSP run-ahead rule, and a real
+local run (redis-server, worker processes) that runs its control loop on it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ebb.engine.fleet_clock import (FleetTimeline, Links, WorkerStep, barrier_step_seconds, node_seconds,
+                                    worker_seconds)
+from ebb.local.runner import run_local
+from ebb.spec import SpecError, load_spec
+
+LINKS = Links(link_mb_s=50.0, rtt_ms=0.5, node_mb_s=100.0, cold_start_s=2.0)
+
+
+def test_a_workers_step_is_cpu_plus_bytes_over_its_link_plus_round_trips():
+    # 0.2 s CPU + (3 MB + 2 MB) / 50 MB/s = 0.1 s + 4 requests × 0.5 ms = 2 ms
+    w = WorkerStep(cpu_s=0.2, sent_bytes=3_000_000, read_bytes=2_000_000, requests=4)
+    assert worker_seconds(w, LINKS) == pytest.approx(0.302)
+
+
+def test_a_barrier_step_is_its_slowest_worker_or_the_cache_nodes_busier_direction():
+    a = WorkerStep(cpu_s=0.10, sent_bytes=1_000_000, read_bytes=4_000_000, requests=2)  # 0.1 + 0.1 + 0.001
+    b = WorkerStep(cpu_s=0.15, sent_bytes=1_000_000, read_bytes=1_000_000, requests=2)  # 0.15 + 0.04 + 0.001
+    assert barrier_step_seconds([a, b], LINKS) == pytest.approx(0.201)
+    assert node_seconds([a, b], LINKS) == pytest.approx(0.05)  # reads: 5 MB / 100 MB/s
+    slow_node = Links(link_mb_s=50.0, rtt_ms=0.5, node_mb_s=10.0)
+    assert barrier_step_seconds([a, b], slow_node) == pytest.approx(0.5)  # 5 MB / 10 MB/s bounds the step
+
+
+def test_with_an_infinite_link_and_no_latency_a_step_is_its_busiest_workers_cpu():
+    free = Links(link_mb_s=math.inf, rtt_ms=0.0, node_mb_s=math.inf, cold_start_s=0.0)
+    cpu = [[0.3, 0.1, 0.2], [0.05, 0.4, 0.1], [0.2, 0.2, 0.25]]  # per step, per worker
+    line = FleetTimeline(free)
+    line.launch(range(3))
+    times = [line.close(s, {w: WorkerStep(c, 10**9, 10**9, 100) for w, c in enumerate(row)})
+             for s, row in enumerate(cpu)]
+    assert times == pytest.approx([0.3, 0.7, 0.95])
+    assert line.worker_seconds == pytest.approx(3 * 0.95)  # three invocations billed for every step
+
+
+def test_a_barrier_timeline_sums_its_steps_after_one_cold_start():
+    line = FleetTimeline(LINKS, time=10.0)  # a later round: 10 s before it
+    line.launch([0, 1])
+    steps = [{0: WorkerStep(0.1, requests=2), 1: WorkerStep(0.3, requests=2)},
+             {0: WorkerStep(0.2, requests=2), 1: WorkerStep(0.1, requests=2)}]
+    t0 = line.close(5, steps[0])
+    t1 = line.close(6, steps[1])
+    assert t0 == pytest.approx(10 + 2.0 + 0.301)
+    assert t1 == pytest.approx(t0 + 0.201)
+    assert line.state_dict() == {"time": t1, "worker_seconds": pytest.approx(2 * (t1 - 10.0))}
+
+
+def test_ssp_lets_a_fast_worker_run_ahead_by_slack_steps_and_no_further():
+    """Worker 0 takes 1 s a step, worker 1 takes 3 s; slack 1: worker 1 may start step s
+    once worker 0 finished s - 2, and worker 0 must wait for worker 1's step s - 2.
+
+    By hand (no cold start, no network): worker 1 finishes steps at 3, 6, 9, 12.
+    Worker 0: step 0 ends at 1, step 1 at 2; step 2 needs cleared(0) = 3: ends at 4;
+    step 3 needs cleared(1) = 6: ends at 7. cleared = 3, 6, 9, 12.
+    With slack 0 (a barrier) worker 0 waits every step: the same cleared times here,
+    but its own virtual time trails the slow worker's every step.
+    """
+    free = Links(link_mb_s=math.inf, rtt_ms=0.0, node_mb_s=math.inf, cold_start_s=0.0)
+    line = FleetTimeline(free, slack=1)
+    line.launch([0, 1])
+    cleared, ready0 = [], []
+    for s in range(4):
+        cleared.append(line.close(s, {0: WorkerStep(1.0), 1: WorkerStep(3.0)}))
+        ready0.append(line.ready[0])
+    assert cleared == [3.0, 6.0, 9.0, 12.0]
+    assert ready0 == [1.0, 2.0, 4.0, 7.0]  # never more than one step ahead of the slowest
+    # The fast worker's lead is what lets SSP beat a barrier when the slow one alternates.
+    alternating = [({0: WorkerStep(1.0), 1: WorkerStep(3.0)} if s % 2 else {0: WorkerStep(3.0), 1: WorkerStep(1.0)})
+                   for s in range(4)]
+    ssp, bsp = FleetTimeline(free, slack=1), FleetTimeline(free, slack=0)
+    for line in (ssp, bsp):
+        line.launch([0, 1])
+        for s, m in enumerate(alternating):
+            line.close(s, m)
+    assert bsp.time == 12.0  # 4 × 3 s
+    assert ssp.time == 8.0  # each worker 1 + 3 + 1 + 3 s, never blocked by the other
+
+
+def test_the_clock_section_is_strict_and_the_cli_names_it(tmp_path):
+    spec = load_spec(overrides={"data": "d", "clock.kind": "fleet", "clock.link_mb_s": 100.0})
+    assert Links.of(spec.clock) == Links(link_mb_s=100.0, rtt_ms=spec.clock.rtt_ms, node_mb_s=spec.clock.node_mb_s,
+                                         cold_start_s=spec.clock.cold_start_s)
+    with pytest.raises(SpecError, match="clock.kind"):
+        load_spec(overrides={"data": "d", "clock.kind": "lambda"})
+    with pytest.raises(SpecError, match="clock.link_mb_s"):
+        load_spec(overrides={"data": "d", "clock.link_mb_s": 0.0})
+
+
+def _fleet_spec(data_dir, out, **fields):
+    return load_spec(overrides={
+        "model": "pmf", "data": data_dir, "out": str(out), "seed": 5, "hyper.rank": 6, "workers": 2,
+        "sync.mode": "bsp", "scaling.policy": "none", "stop.max_epochs": 1.0, "round_steps": 6,
+        "clock.kind": "fleet", **fields})
+
+
+def replayed_cpu(report) -> float:
+    """A fixed CPU time per (worker, step): what a recorded run would replay."""
+    return 0.05 + 0.01 * report.worker + 0.001 * (report.step % 7)
+
+
+def test_a_local_run_on_the_fleet_clock_reports_it_and_its_history_sums_its_steps(small_ratings, tmp_path):
+    data_dir, _ = small_ratings
+    spec = _fleet_spec(data_dir, tmp_path / "run")
+    report, _ = run_local(spec)
+    assert report["clock"]["kind"] == "fleet" and report["clock"]["link_mb_s"] == 75.0
+    history = report["history"]
+    assert report["rounds"] > 1  # the fleet time survived rounds
+    times = [h["time"] for h in history]
+    assert all(b > a for a, b in zip(times, times[1:]))
+    assert all(h["host_time"] > 0 for h in history)
+    # A barrier's fleet time: one cold start per round + each step's slowest worker.
+    steps = report["steps"]
+    cold = spec.clock.cold_start_s * report["rounds"]
+    assert report["wall_seconds"] == pytest.approx(times[-1], abs=1e-3)
+    assert times[-1] >= cold
+    per_step = [b - a for a, b in zip([0.0] + times, times)]
+    assert sum(per_step) == pytest.approx(times[-1])
+    assert report["host_seconds"] > 0
+    # Billing: two workers for every step's fleet time.
+    assert report["totals"]["worker_seconds"] == pytest.approx(2 * times[-1], rel=1e-3)
+    assert steps == len(history)
+
+
+def test_with_replayed_cpu_two_fleet_runs_take_the_same_steps_and_decisions(small_ratings, tmp_path):
+    """Host timing differs run to run; with the CPU replayed, everything the control loop
+    reads (fleet times, bytes, losses) is the same, so its scaling decisions are too."""
+    data_dir, _ = small_ratings
+    fields = {"scaling.policy": "autotune", "scaling.interval_s": 4.0, "scaling.horizon_s": 2.0,
+              "scaling.knee_patience": 1, "scaling.knee_tolerance": 0.9, "scaling.tolerance": 1.0,
+              "stop.max_epochs": 1.5, "round_steps": 100}
+    runs = [run_local(_fleet_spec(data_dir, tmp_path / f"r{i}", **fields), cpu_of=replayed_cpu)[0] for i in range(2)]
+    a, b = runs
+    strip = [{k: v for k, v in h.items() if k != "host_time"} for h in a["history"]]
+    assert strip == [{k: v for k, v in h.items() if k != "host_time"} for h in b["history"]]
+    assert a["scale_events"] == b["scale_events"]
+    assert a["wall_seconds"] == b["wall_seconds"] and a["cost"] == b["cost"]
