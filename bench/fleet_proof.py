@@ -36,6 +36,7 @@ import ctypes
 import multiprocessing as mp
 import os
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
@@ -263,13 +264,18 @@ PAYLOAD_SHARE = 1448 / 1514
 NODE_UNSHAPED_MB_S = 10_000.0  # an unshaped node: never the bound (each worker's own link is)
 RUNS = Path(__file__).resolve().parent / "data" / "runs"
 SYNCS = {"bsp": {"sync.mode": "bsp"}, "isp": {"sync.mode": "isp"}, "ssp": {"sync.mode": "ssp", "sync.slack": 3}}
-BENCH_NICE = -10  # the benchmark's processes before other load on the machine (workers: +5 from the engine)
+BENCH_NICE = -20  # the benchmark before the machine's other load (workers: -15 after the engine's +5)
 
 
-def raise_priority() -> None:
+def raise_priority(pid: int = 0) -> None:
     """Let this benchmark's processes run before the machine's other load, so the wall time
-    measures the links, not the neighbours (the engine then makes workers 5 nicer)."""
-    os.setpriority(os.PRIO_PROCESS, 0, BENCH_NICE)
+    measures the links, not the neighbours (the engine then makes workers 5 nicer). With
+    the scheduler's autogroups (one per session) a process's nice only ranks it inside its
+    session's group: the group's own nice is what ranks it against other sessions."""
+    os.setpriority(os.PRIO_PROCESS, pid, BENCH_NICE)
+    group = Path(f"/proc/{pid or 'self'}/autogroup")
+    if group.exists():
+        group.write_text(str(BENCH_NICE))
 
 
 def worker_setup(worker: int) -> None:
@@ -287,8 +293,16 @@ class Recorder:
 
     def __call__(self, report) -> float:
         self.reports.append(report.model_dump(include={"worker", "step", "cpu_seconds", "sent_bytes",
-                                                       "read_bytes", "requests"}))
+                                                       "read_bytes", "requests", "timing"}))
         return report.cpu_seconds
+
+
+def phase_medians(reports: list[dict]) -> dict[str, float]:
+    phases: dict[str, list[float]] = {}
+    for r in reports:
+        for name, seconds in r["timing"].items():
+            phases.setdefault(name, []).append(1e3 * seconds)
+    return {name: round(statistics.median(v), 3) for name, v in phases.items()}
 
 
 def replay(reports: list[dict], links, slack: int) -> float:
@@ -328,6 +342,7 @@ def run_one(args, data_dir: str, redis_url: str, link: float, probe_row: dict, s
         "clock.cold_start_s": 0.0,
     })
     print(f"-- {sync}, link {link:g} MB/s: clock link {link_payload:.1f} MB/s, rtt {rtt_ms:.3f} ms", flush=True)
+    shutil.rmtree(RUNS / name, ignore_errors=True)  # a benchmark's scratch output: each run starts clean
     recorder = Recorder()
     idle0, total0 = cpu_times()
     report, _ = run_local(spec, cpu_of=recorder, child_setup=worker_setup)
@@ -352,6 +367,9 @@ def run_one(args, data_dir: str, redis_url: str, link: float, probe_row: dict, s
         # The same reports with the probe's measured throughput as the link (it holds the
         # client's CPU for those bytes, which cpu_seconds counts too): the other way to set it.
         "fleet_s_measured_link": replay(recorder.reports, Links(measured_link, rtt_ms, node, 0.0), slack),
+        # Where a worker's real step went (median ms per phase over its reports): the wall
+        # time the fleet clock is to explain.
+        "phase_ms_median": phase_medians(recorder.reports),
         "final_train_rmse": report["final_loss"], "test_rmse": report["test_metrics"]["rmse"],
     }
 
@@ -392,7 +410,7 @@ def main(argv=None) -> None:
         net.up()
         redis_srv.start()
         if not args.no_priority:
-            os.setpriority(os.PRIO_PROCESS, redis_srv.proc.pid, BENCH_NICE)
+            raise_priority(redis_srv.proc.pid)  # its own session: its own autogroup
         probes = []
         for link in [None, *parse_rates(args.links)]:
             net.shape(link, args.node_mb_s)
