@@ -297,12 +297,19 @@ class Recorder:
         return report.cpu_seconds
 
 
-def phase_medians(reports: list[dict]) -> dict[str, float]:
+def phase_ms(reports: list[dict], how=statistics.mean) -> dict[str, float]:
+    """A worker's step phases (fetch, compute, filter, write, apply, wait, read), ms, over every report."""
     phases: dict[str, list[float]] = {}
     for r in reports:
         for name, seconds in r["timing"].items():
             phases.setdefault(name, []).append(1e3 * seconds)
-    return {name: round(statistics.median(v), 3) for name, v in phases.items()}
+    return {name: round(how(v), 3) for name, v in phases.items()}
+
+
+def process_cpu(pid: int | str = "self") -> float:
+    """User + system CPU seconds of a process (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def replay(reports: list[dict], links, slack: int) -> float:
@@ -324,7 +331,7 @@ def replay(reports: list[dict], links, slack: int) -> float:
     return last - first
 
 
-def run_one(args, data_dir: str, redis_url: str, link: float, probe_row: dict, sync: str) -> dict:
+def run_one(args, data_dir: str, redis_url: str, redis_pid: int, link: float, probe_row: dict, sync: str) -> dict:
     """One job on the shaped network, on the fleet clock with the shaped link's figures."""
     from ebb.engine.fleet_clock import Links
     from ebb.local.runner import run_local
@@ -345,7 +352,10 @@ def run_one(args, data_dir: str, redis_url: str, link: float, probe_row: dict, s
     shutil.rmtree(RUNS / name, ignore_errors=True)  # a benchmark's scratch output: each run starts clean
     recorder = Recorder()
     idle0, total0 = cpu_times()
+    sup0, redis0, t0 = process_cpu(), process_cpu(redis_pid), time.perf_counter()
     report, _ = run_local(spec, cpu_of=recorder, child_setup=worker_setup)
+    sup_cpu, redis_cpu = process_cpu() - sup0, process_cpu(redis_pid) - redis0
+    whole = time.perf_counter() - t0
     idle1, total1 = cpu_times()
     hist = report["history"]
     real = hist[-1]["host_time"] - hist[0]["host_time"]
@@ -369,7 +379,12 @@ def run_one(args, data_dir: str, redis_url: str, link: float, probe_row: dict, s
         "fleet_s_measured_link": replay(recorder.reports, Links(measured_link, rtt_ms, node, 0.0), slack),
         # Where a worker's real step went (median ms per phase over its reports): the wall
         # time the fleet clock is to explain.
-        "phase_ms_median": phase_medians(recorder.reports),
+        "phase_ms_median": phase_ms(recorder.reports, statistics.median),
+        "phase_ms_mean": phase_ms(recorder.reports),
+        # What this job asked of the machine's 2 cores during the run: workers (their
+        # reported CPU), the supervisor and redis-server. Near 1, the job queues on itself.
+        "supervisor_cpu_s": sup_cpu, "redis_cpu_s": redis_cpu,
+        "job_cpu_share": (totals["cpu_seconds"] + sup_cpu + redis_cpu) / ((os.cpu_count() or 1) * whole),
         "final_train_rmse": report["final_loss"], "test_rmse": report["test_metrics"]["rmse"],
     }
 
@@ -388,6 +403,7 @@ def main(argv=None) -> None:
     ap.add_argument("--shape", default="quick", help="bench/sync.py's PMF data shape (default quick: 1M ratings)")
     ap.add_argument("--epochs", type=float, default=4.0, help="fixed length of every run, epochs (default 4)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=2, help="run the whole matrix this many times (default 2)")
     ap.add_argument("--no-priority", action="store_true", help="do not renice the benchmark's processes")
     args = ap.parse_args(argv)
 
@@ -421,23 +437,27 @@ def main(argv=None) -> None:
             write_json("fleet_proof-probe", {"burst_kb": args.burst_kb, "links": probes})
             return
         rows = []
-        for probe_row in probes[1:]:
-            link = probe_row["link_mb_s"]
-            net.shape(link, args.node_mb_s)
-            for sync in args.syncs.split(","):
-                rows.append(run_one(args, data_dir, redis_srv.url, link, probe_row, sync))
-                r = rows[-1]
-                print(f"   {r['steps']} steps: real {r['real_s']:.2f} s, fleet clock {r['fleet_s']:.2f} s "
-                      f"({r['error_pct']:+.1f}%), CPU idle {r['cpu_idle_pct']:.0f}%", flush=True)
+        for repeat in range(args.repeats):  # interleaved: a drift in the machine's load hits every cell alike
+            for probe_row in probes[1:]:
+                link = probe_row["link_mb_s"]
+                net.shape(link, args.node_mb_s)
+                for sync in args.syncs.split(","):
+                    rows.append({"repeat": repeat, **run_one(args, data_dir, redis_srv.url, redis_srv.proc.pid,
+                                                             link, probe_row, sync)})
+                    r = rows[-1]
+                    print(f"   {r['steps']} steps: real {r['real_s']:.2f} s, fleet clock {r['fleet_s']:.2f} s "
+                          f"({r['error_pct']:+.1f}%), CPU idle {r['cpu_idle_pct']:.0f}%, the job's share of the "
+                          f"cores {r['job_cpu_share']:.2f}", flush=True)
     finally:
         redis_srv.stop()
         net.down()
     print()
-    print_table(rows, [("link_mb_s", "link MB/s"), ("sync", "sync"), ("steps", "steps"), ("real_s", "real s"),
+    print_table(rows, [("repeat", "#"), ("link_mb_s", "link MB/s"), ("sync", "sync"), ("steps", "steps"),
+                       ("real_s", "real s"),
                        ("fleet_s", "fleet-clock s"), ("error_pct", "error %"),
                        ("fleet_s_measured_link", "fleet s (probe link)"), ("ms_per_step_real", "real ms/step"),
                        ("cpu_ms_critical_per_step", "busiest CPU ms/step"), ("mb_per_worker_step", "MB/worker/step"),
-                       ("cpu_idle_pct", "CPU idle %")])
+                       ("cpu_idle_pct", "CPU idle %"), ("job_cpu_share", "job's core share")])
     worst = max(abs(r["error_pct"]) for r in rows)
     verdict = f"largest |error| {worst:.1f}% (target ≤ 15%): {'met' if worst <= 15 else 'missed'}"
     print(verdict)
