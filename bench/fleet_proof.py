@@ -331,6 +331,31 @@ def replay(reports: list[dict], links, slack: int) -> float:
     return last - first
 
 
+def criteo_shaped(seed: int) -> str:
+    """Criteo's shape at a bench's size (bench/quality.py's criteo-shaped: 39 values a row over
+    100,000 hashed features, heavy popularity skew), in 6,250-row minibatches; prepared once."""
+    from ebb.data.prepare import prepare_dataset
+    from ebb.data.synth import synth_logistic
+    from ebb.stores.local import FolderObjectStore
+
+    root = Path(__file__).resolve().parent / "data" / f"fleet-criteo-s{seed}"
+    prepared = root / "prepared"
+    if not (prepared / "manifest.json").exists():
+        root.mkdir(parents=True, exist_ok=True)
+        synth_logistic(root / "data.svm", rows=200_000, features=100_000, nnz=39, zipf=1.0, seed=seed)
+        prepare_dataset("libsvm", root / "data.svm", FolderObjectStore(prepared), batch_size=6250,
+                        test_fraction=0.1, seed=seed)
+    return str(prepared)
+
+
+def epochs_for(data_dir: str, steps: int, workers: int) -> float:
+    """``stop.max_epochs`` that ends a run after exactly ``steps`` steps of ``workers`` workers."""
+    from ebb.data.prepare import load_manifest
+    from ebb.stores.local import FolderObjectStore
+
+    return steps * workers / len(load_manifest(FolderObjectStore(data_dir)).train.parts)
+
+
 def run_one(args, data_dir: str, redis_url: str, redis_pid: int, link: float, probe_row: dict, sync: str) -> dict:
     """One job on the shaped network, on the fleet clock with the shaped link's figures."""
     from ebb.engine.fleet_clock import Links
@@ -340,10 +365,12 @@ def run_one(args, data_dir: str, redis_url: str, redis_pid: int, link: float, pr
     link_payload = link * PAYLOAD_SHARE
     rtt_ms = probe_row["rtt_ms_median"]
     node = args.node_mb_s * PAYLOAD_SHARE if args.node_mb_s else NODE_UNSHAPED_MB_S
-    name = f"fleet-proof-{sync}-{link:g}"
+    name = f"fleet-proof-{args.model}-{sync}-{link:g}"
     spec = load_spec(overrides={
-        "name": name, "model": "pmf", "data": data_dir, "workers": args.workers, "hyper.rank": 20,
-        "seed": args.seed, "scaling.policy": "none", "stop.max_epochs": args.epochs, "stop.eval_every": 0,
+        "name": name, "model": args.model, "data": data_dir, "workers": args.workers,
+        **({"hyper.rank": 20} if args.model == "pmf" else {}),
+        "seed": args.seed, "scaling.policy": "none", "stop.max_epochs": epochs_for(data_dir, args.steps, args.workers),
+        "stop.eval_every": 0,
         "stop.max_seconds": 3600.0, "redis_urls": [redis_url], "out": str(RUNS / name), **SYNCS[sync],
         "clock.kind": "fleet", "clock.link_mb_s": link_payload, "clock.rtt_ms": rtt_ms, "clock.node_mb_s": node,
         "clock.cold_start_s": 0.0,
@@ -401,9 +428,12 @@ def main(argv=None) -> None:
     ap.add_argument("--workers", type=int, default=2, help="worker processes (default 2: as many as cores)")
     ap.add_argument("--syncs", default="bsp,isp,ssp", help="sync models to run (bsp, isp, ssp)")
     ap.add_argument("--shape", default="quick", help="bench/sync.py's PMF data shape (default quick: 1M ratings)")
-    ap.add_argument("--epochs", type=float, default=4.0, help="fixed length of every run, epochs (default 4)")
+    ap.add_argument("--model", choices=["pmf", "sparse_lr"], default="pmf",
+                    help="pmf (bench/sync.py's planted ratings) | sparse_lr (a Criteo-shaped generated set)")
+    ap.add_argument("--steps", type=int, default=288, help="fixed length of every run, steps (default 288)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=2, help="run the whole matrix this many times (default 2)")
+    ap.add_argument("--json", help="output JSON (default bench/results/fleet_proof[-MODEL].json)")
     ap.add_argument("--no-priority", action="store_true", help="do not renice the benchmark's processes")
     args = ap.parse_args(argv)
 
@@ -417,7 +447,7 @@ def main(argv=None) -> None:
     if not args.probe:
         from sync import dataset
 
-        data_dir, _ = dataset(args.shape, args.seed)
+        data_dir = dataset(args.shape, args.seed)[0] if args.model == "pmf" else criteo_shaped(args.seed)
     if not args.no_priority:
         raise_priority()
     net = ShapedNet(args.workers, args.burst_kb)
@@ -434,7 +464,7 @@ def main(argv=None) -> None:
         print_table(probes, [("link_mb_s", "tbf MB/s"), ("up_mb_s", "SET MB/s"), ("down_mb_s", "GET MB/s"),
                              ("rtt_ms_median", "PING ms"), ("rtt_ms_p90", "PING p90 ms")])
         if args.probe:
-            write_json("fleet_proof-probe", {"burst_kb": args.burst_kb, "links": probes})
+            write_json("fleet_proof-probe", {"burst_kb": args.burst_kb, "links": probes}, args.json)
             return
         rows = []
         for repeat in range(args.repeats):  # interleaved: a drift in the machine's load hits every cell alike
@@ -461,13 +491,14 @@ def main(argv=None) -> None:
     worst = max(abs(r["error_pct"]) for r in rows)
     verdict = f"largest |error| {worst:.1f}% (target ≤ 15%): {'met' if worst <= 15 else 'missed'}"
     print(verdict)
-    write_json("fleet_proof", {
-        "method": {"shape": args.shape, "workers": args.workers, "epochs": args.epochs, "burst_kb": args.burst_kb,
+    write_json("fleet_proof" if args.model == "pmf" else f"fleet_proof-{args.model}", {
+        "method": {"model": args.model, "shape": args.shape if args.model == "pmf" else "criteo-shaped",
+                   "workers": args.workers, "steps": args.steps, "burst_kb": args.burst_kb,
                    "node_mb_s": args.node_mb_s, "payload_share": PAYLOAD_SHARE, "priority": not args.no_priority,
                    "real": "host seconds from the first closed step to the last (history[].host_time)",
                    "fleet": "fleet-clock seconds over the same steps of the same run (history[].time)"},
         "probes": probes, "rows": rows, "verdict": verdict, "max_abs_error_pct": worst,
-    })
+    }, args.json)
 
 
 if __name__ == "__main__":
