@@ -24,6 +24,7 @@ from _common import print_table, write_json  # noqa: E402
 
 from ebb.data.prepare import prepare_dataset  # noqa: E402
 from ebb.data.synth import synth_ratings  # noqa: E402
+from ebb.engine.fleet_clock import Links, WorkerStep, barrier_step_seconds  # noqa: E402
 from ebb.local.runner import run_local  # noqa: E402
 from ebb.spec import load_spec  # noqa: E402
 from ebb.stores.local import FolderObjectStore  # noqa: E402
@@ -212,25 +213,27 @@ def project(row: dict, worker_mb_s: float, server_mb_s: float) -> float | None:
 
     Here 8 workers share 2 cores and every byte moves over loopback for free, so the
     measured time is CPU queueing. On Lambda each worker has its own vCPU and its own
-    link. So a step is modelled as: the CPU its busiest worker spends on it (measured:
-    per step the largest process time of any worker, averaged over steps) + the barrier
-    (measured in the same run: the first worker's go, which no CPU queue delays) + moving
-    its bytes. An Ebb worker's
-    write and read are sequential phases of its step: max(its bytes / its link, the Redis
-    node's busier direction / the node's link). DDP's ring all-reduce sends and receives
-    at once: its per-rank bytes in one direction / the link; its CPU already holds the
-    all-reduce's copies, and its busiest rank sets each step just the same.
+    link. An Ebb step is modelled by the engine's fleet clock (``ebb.engine.fleet_clock``,
+    one place for the arithmetic), fed this run's averages: the CPU its busiest worker
+    spends on it (per step the largest process time of any worker, averaged over steps),
+    one round trip costing the barrier measured in the same run (the first worker's go,
+    which no CPU queue delays), and each worker's bytes over its link, at least the Redis
+    node's busier direction over the node's link. DDP's ring all-reduce (not part of the
+    engine) sends and receives at once: its per-rank bytes in one direction / the link;
+    its CPU already holds the all-reduce's copies, and its busiest rank sets each step.
     """
     steps, cpu_ms = row.get("steps_to_target"), row.get("cpu_ms_critical_per_step")
     if not steps or cpu_ms is None or row["config"].startswith("ssp"):
-        return None  # SSP overlaps waiting with computing: a step is not CPU + barrier + bytes
+        return None  # SSP overlaps waiting with computing: its averages do not make its step time
     if row["config"].startswith("ddp"):
         return steps * (cpu_ms / 1e3 + row["bytes_per_step_per_rank"] / 1e6 / worker_mb_s)
-    per_step = row["steps"]
-    worker_mb = row["mb_exchanged"] / (per_step * row["workers"])
-    server_mb = max(row["mb_sent"], row["mb_exchanged"] - row["mb_sent"]) / per_step
-    barrier_s = (row.get("barrier_ms_first") or 0.0) / 1e3
-    return steps * (cpu_ms / 1e3 + barrier_s + max(worker_mb / worker_mb_s, server_mb / server_mb_s))
+    per_worker_step = row["steps"] * row["workers"]
+    sent = 1e6 * row["mb_sent"] / per_worker_step
+    read = 1e6 * (row["mb_exchanged"] - row["mb_sent"]) / per_worker_step
+    links = Links(link_mb_s=worker_mb_s, rtt_ms=row.get("barrier_ms_first") or 0.0, node_mb_s=server_mb_s,
+                  cold_start_s=0.0)
+    fleet = [WorkerStep(cpu_s=cpu_ms / 1e3, sent_bytes=sent, read_bytes=read, requests=1)] * row["workers"]
+    return steps * barrier_step_seconds(fleet, links)
 
 
 def verdicts(rows, workers, worker_mb_s: float | None = None, server_mb_s: float | None = None) -> dict:

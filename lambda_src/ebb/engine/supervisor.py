@@ -365,13 +365,8 @@ class Supervisor:
             return
         if isinstance(r, EndReport) and r.outcome == "failed":
             raise EngineError(f"worker {r.worker} failed after step {r.step}: {r.error}")
-        t = self.totals
-        t["bytes_received"] += r.read_bytes
-        t["object_gets"] += r.object_gets
-        t["reports"] += 1
-        t["cpu_seconds"] += r.cpu_seconds
-        for k, v in r.timing.items():
-            self.timing[k] = self.timing.get(k, 0.0) + v
+        if isinstance(r, EndReport):
+            self._count(r)  # (a step's reports count when it closes: the same usage at each step, run to run)
         if isinstance(r, StepReport):
             self.steps.setdefault(r.step, {})[r.worker] = r
             if r.test:
@@ -384,6 +379,15 @@ class Supervisor:
             self.ended_at[r.worker] = self.elapsed()
             if r.checkpoint:
                 self.checkpoint_puts += 1
+
+    def _count(self, r: StepReport | EndReport) -> None:
+        t = self.totals
+        t["bytes_received"] += r.read_bytes
+        t["object_gets"] += r.object_gets
+        t["reports"] += 1
+        t["cpu_seconds"] += r.cpu_seconds
+        for k, v in r.timing.items():
+            self.timing[k] = self.timing.get(k, 0.0) + v
 
     def _take_test(self, test: dict) -> None:
         """A scoring of the held-out split (validation, or test when the data has none)."""
@@ -421,6 +425,8 @@ class Supervisor:
         self._staged.pop(k, None)
         self._last_progress = self.job_clock.round_elapsed()
         trained = list(self.members)
+        for r in reports.values():
+            self._count(r)
         loss = self.loss_value(sum(r.loss_sum for r in reports.values()), sum(r.samples for r in reports.values()))
         # The workers step their cursor past every position of the step, a lost worker's too.
         self.cursor += len(next(iter(reports.values())).members)
