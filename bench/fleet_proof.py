@@ -3,7 +3,7 @@
 Root only, never part of the test suite. Builds a small private network of Linux network
 namespaces joined by a bridge (addresses in 10.213.0.0/24, nothing else touched):
 
-    ebbfp-redis  redis-server 10.213.0.1  --veth, tbf at the node rate both ways--+
+    ebbfp-redis  redis-server 10.213.0.1  --veth, unshaped (or --node-mb-s)------+
     ebbfp-w0     worker 0     10.213.0.10 --veth, tbf at the link rate both ways--+-- bridge in ebbfp-hub
     ebbfp-w1     worker 1     10.213.0.11 --veth, tbf at the link rate both ways--+
     (root ns)    supervisor   10.213.0.2  --veth, unshaped-------------------------+
@@ -13,16 +13,20 @@ Each worker process is forked by the local runner and, through the runner's
 every byte it sends or reads crosses its own token-bucket-limited link (``tbf`` on the
 egress of both ends of its veth: upload and download). The supervisor stays here.
 
-For each link rate and sync model the job runs once, to a fixed number of steps, with
-``clock.kind: fleet`` and the clock's link parameters set to what the shaped network
-measures (a worker's payload throughput to Redis over its link, and the Redis round trip
-from a worker's namespace); the run's report then holds both its fleet-clock time and
-the host's wall time of the same run. With as many workers as cores, the wall time is
-what a fleet of that link would take, so the two should agree (target: within 15%).
+For each link rate and sync model the job runs to a fixed number of steps with
+``clock.kind: fleet`` and the clock's parameters set to the shaped network's: the link
+is the tbf rate's TCP payload (× 1448/1514), the round trip the Redis PING measured from a
+worker's namespace. One run gives both numbers: real = host time from the first closed
+step to the last (``history[].host_time``), fleet = the fleet clock over the same steps
+(``history[].time``). Target: within 15%. ``--unshaped`` adds runs on unshaped links,
+whose gap (real − fleet per step) is the host's per-step cost no link explains; the
+summary's "calibrated" error adds it to the fleet clock (see ``summarise``).
 
-    sudo python bench/fleet_proof.py                 # PMF, BSP + ISP (+ SSP), 25/75/200 MB/s
+    sudo python bench/fleet_proof.py --unshaped      # PMF, BSP/ISP/SSP, 25/75/200 MB/s, twice
+    sudo python bench/fleet_proof.py --model sparse_lr --unshaped   # a Criteo-shaped set
     sudo python bench/fleet_proof.py --probe         # only measure the shaped links
     sudo python bench/fleet_proof.py --cleanup       # remove leftovers of a killed run
+    python bench/fleet_proof.py --summarise bench/results/fleet_proof.json   # re-print a run
 
 Every namespace and veth is removed at the end, on Ctrl-C and on error.
 """
@@ -589,6 +593,8 @@ def main(argv=None) -> None:
         data_dir = dataset(args.shape, args.seed)[0] if args.model == "pmf" else criteo_shaped(args.seed)
     if not args.no_priority:
         raise_priority()
+    # A SIGTERM unwinds like Ctrl-C, so the finally below removes the network.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     net = ShapedNet(args.workers, args.burst_ms)
     redis_srv = RedisInNetns()
     try:
