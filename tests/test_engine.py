@@ -337,3 +337,23 @@ def test_codec_sends_a_subset_of_touched_rows_as_one_bit_per_touched_row():
     unsorted = torch.tensor([14, 7, 0])  # not a sorted subset: carried as its own index, order kept
     odd = RowUpdate({"u": (unsorted, torch.randn(3, 4))}, touched={"u": touched})
     assert torch.equal(RowUpdate.decode(odd.encode()).rows["u"][0], unsorted)
+
+
+def test_child_setup_runs_first_in_every_worker_process(small_ratings, tmp_path):
+    """The launcher's hook (a benchmark's way to put a worker behind a shaped link) runs in
+    each worker's own process, once, before the worker trains; a lone worker is then a process too."""
+    import os
+
+    data_dir, _ = small_ratings
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    def setup(worker: int) -> None:
+        (marks / f"worker-{worker}").write_text(str(os.getpid()))
+
+    spec = _spec(data_dir, tmp_path / "out", workers=1, **{"stop.max_epochs": 0.5})
+    report, _ = run_local(spec, child_setup=setup)
+    assert report["status"] == "max_epochs"
+    pids = {p.name: int(p.read_text()) for p in marks.iterdir()}
+    assert set(pids) == {"worker-0"}
+    assert pids["worker-0"] != os.getpid()

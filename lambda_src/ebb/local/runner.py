@@ -48,8 +48,11 @@ def checkpoints_location(spec: JobSpec) -> str:
     return join_location(spec.out_location, "checkpoints")
 
 
-def _worker_process(spec_json: str, start: WorkerStart, urls: list[str], job: str) -> None:
+def _worker_process(spec_json: str, start: WorkerStart, urls: list[str], job: str,
+                    child_setup: Callable[[int], None] | None = None) -> None:
     die_with_parent()
+    if child_setup is not None:  # before anything connects (e.g. a benchmark moves us into a shaped network)
+        child_setup(start.worker)
     spec = JobSpec.model_validate_json(spec_json)
     setproctitle(f"ebb worker {start.worker} {spec.name}")  # so an operator (and a fault test) can pick one
     torch.set_num_threads(1)
@@ -69,15 +72,23 @@ def _worker_process(spec_json: str, start: WorkerStart, urls: list[str], job: st
 
 
 class ProcessLauncher:
-    """Workers as OS processes (fork: cheap start, no torch re-import)."""
+    """Workers as OS processes (fork: cheap start, no torch re-import).
 
-    def __init__(self, spec: JobSpec, urls: list[str], job: str):
+    ``child_setup(worker_id)``, if given, runs first in each new worker process, before it
+    opens any store: a caller's hook (a benchmark uses it to put each worker behind its own
+    shaped network link); the engine gives it no other meaning.
+    """
+
+    def __init__(self, spec: JobSpec, urls: list[str], job: str,
+                 child_setup: Callable[[int], None] | None = None):
         self.spec_json, self.urls, self.job = spec.model_dump_json(), urls, job
+        self.child_setup = child_setup
         self.ctx = mp.get_context("fork")
         self.procs: dict[int, mp.Process] = {}
 
     def launch(self, start: WorkerStart) -> None:
-        p = self.ctx.Process(target=_worker_process, args=(self.spec_json, start, self.urls, self.job),
+        p = self.ctx.Process(target=_worker_process,
+                             args=(self.spec_json, start, self.urls, self.job, self.child_setup),
                              name=f"ebb-worker-{start.worker}", daemon=True)
         # Until the child has its own handlers, a SIGTERM must not run the parent's (which
         # unwinds the caller's stack: in a fresh fork, that is the parent's code running on).
@@ -228,7 +239,8 @@ STORE_RECONNECT_S = 30.0  # how long an external update store may take to come b
 def run_local(spec: JobSpec, sink: MetricsSink | None = None, *, resume: bool = False, policy=None,
               worker_cls: type[Worker] = Worker, in_process: bool | None = None,
               signals: SignalChannel | Callable[[int], SignalChannel] | None = None,
-              cpu_of: Callable | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+              cpu_of: Callable | None = None, child_setup: Callable[[int], None] | None = None,
+              ) -> tuple[dict, dict[str, np.ndarray]]:
     """Run ``spec`` to completion here, round by round; returns (report, merged model).
 
     ``resume`` continues from the last complete round in ``OUT/checkpoints``. A round that
@@ -239,6 +251,8 @@ def run_local(spec: JobSpec, sink: MetricsSink | None = None, *, resume: bool = 
     ``worker_cls`` and ``signals`` let tests observe the engine (``signals``: one channel for
     every round, or ``signals(round)`` making each round's); ``cpu_of(report)`` replaces
     the measured CPU of a step on the fleet clock (replayed times, for reproducible runs).
+    ``child_setup(worker_id)`` runs first in every worker process (``ProcessLauncher``; not
+    with in-process workers).
     """
     data = open_object_store(spec.data)
     out = open_object_store(spec.out_location)
@@ -248,7 +262,8 @@ def run_local(spec: JobSpec, sink: MetricsSink | None = None, *, resume: bool = 
     preflight(spec, data)  # PreflightError: nothing has run, nothing is written
     round_ = _first_round(spec, checkpoints, resume)
     if in_process is None:
-        in_process = spec.workers == 1 and not spec.redis_urls and spec.scaling.policy != "schedule"
+        in_process = (spec.workers == 1 and not spec.redis_urls and spec.scaling.policy != "schedule"
+                      and child_setup is None)
     title = getproctitle()
     supervisor: Supervisor | None = None
     try:
@@ -270,7 +285,7 @@ def run_local(spec: JobSpec, sink: MetricsSink | None = None, *, resume: bool = 
                     launcher = ThreadLauncher(spec, data=data, checkpoints=checkpoints, updates=backend.updates,
                                               signals=channel, worker_cls=worker_cls)
                 else:
-                    launcher = ProcessLauncher(spec, backend.urls, backend.job)
+                    launcher = ProcessLauncher(spec, backend.urls, backend.job, child_setup)
                 try:
                     supervisor = Supervisor(spec, data=data, checkpoints=checkpoints, updates=backend.updates,
                                             signals=channel, launcher=launcher, round_=round_, sink=sink,
