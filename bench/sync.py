@@ -60,12 +60,20 @@ CONFIGS = {
 }
 
 
+def fresh_out(path: Path) -> str:
+    """A run folder of this bench's own, emptied: the runner refuses to overwrite a finished run."""
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+    return str(path)
+
+
 def run_config(data_dir, workers, name, fields, args) -> dict:
     overrides = {"name": f"bench-sync-{name}-{workers}".replace("(", "").replace(")", "").replace("=", ""),
                  "model": "pmf", "data": data_dir, "workers": workers, "hyper.rank": 20, "seed": args.seed,
                  "scaling.policy": "none", "stop.target_test": args.target, "stop.eval_every": args.eval_every,
                  "stop.max_seconds": args.max_seconds, "stop.max_epochs": args.max_epochs,
-                 "out": str(DATA / "runs" / f"sync-{name}-{workers}"), **fields}
+                 "out": fresh_out(DATA / "runs" / f"sync-{name}-{workers}"), **fields}
     spec = load_spec(overrides=overrides)
     print(f"-- {name} × {workers} workers", flush=True)
     try:
@@ -109,13 +117,13 @@ def barrier_overhead(workers: int, steps: int = 400, seed: int = 0) -> dict:
     spec = load_spec(overrides={"name": f"bench-barrier-{workers}", "model": "pmf", "data": str(root / "prepared"),
                                 "workers": workers, "hyper.rank": 2, "sync.mode": "isp", "sync.significance": 1e12,
                                 "scaling.policy": "none", "stop.max_epochs": steps * workers / parts,
-                                "out": str(DATA / "runs" / "barrier")})
-    report, sup = run_local(spec)
-    samples = sorted(1000 * x for x in sup.sync_samples)
+                                "out": fresh_out(DATA / "runs" / "barrier")})
+    report, _ = run_local(spec)  # (report, merged model): the samples' quantiles are in the report
+    sync = report["sync_overhead_ms"]
     return {"workers": workers, "steps": report["steps"], "empty_fraction": report["totals"]["empty_steps"] /
             max(1, report["totals"]["empty_steps"] + report["totals"]["updates_sent"]),
-            "sync_ms_median": statistics.median(samples), "sync_ms_p90": samples[int(0.9 * len(samples))],
-            "first_worker_ms_median": report["sync_overhead_ms"]["first_worker_median"],
+            "sync_ms_median": sync["median"], "sync_ms_p90": sync["p90"],
+            "first_worker_ms_median": sync["first_worker_median"],
             "step_ms_median": 1000 * statistics.median(
                 b["time"] - a["time"] for a, b in zip(report["history"], report["history"][1:]))}
 
