@@ -47,19 +47,26 @@ class SignificanceFilter:
             acc = self.pending[name]
             acc_rows = acc.index_select(0, rows).add_(vals)
             if v_t > 0:
-                significant = acc_rows.abs() > params[name].index_select(0, rows).abs().mul_(v_t)
+                x_rows = update.base.get(name) if update.base else None  # the model gathered them already
+                if x_rows is None:
+                    x_rows = params[name].index_select(0, rows)
+                magnitude = acc_rows.abs()
+                significant = magnitude > x_rows.abs().mul_(v_t)
                 # Work on every touched row and select the sent ones last: nearly every touched
                 # row has a significant entry, so selecting first would copy nearly everything
                 # twice. A row with nothing significant carries zeros and its δ is unchanged.
                 out_vals = acc_rows.mul(significant)
+                magnitude.mul_(significant)  # |out_vals|, for the quantiser's row maxima
                 any_significant = significant.numpy().any(axis=1)  # numpy: twice torch's speed here
                 at = torch.from_numpy(np.flatnonzero(any_significant))  # positions: cheaper to gather by
                 partial = at.numel() < rows.numel()
                 if partial:  # (a NaN δ, never significant, would otherwise ride along as NaN × 0)
-                    out_vals[torch.from_numpy(~any_significant)] = 0.0
+                    idle = torch.from_numpy(~any_significant)
+                    out_vals[idle] = 0.0
+                    magnitude[idle] = 0.0
                 if self.quantize:
                     # Error feedback: what rounding leaves out stays pending and goes later.
-                    pack, out_vals = compress_rows(out_vals)
+                    pack, out_vals = compress_rows(out_vals, magnitude)
                     if partial:
                         pack = (pack[0].index_select(0, at), None if pack[1] is None else pack[1].index_select(0, at))
                     packed[name] = pack

@@ -96,7 +96,7 @@ class PMF(Model):
         dv = torch.cat([Uk[:, :r] * e, e], dim=1)
         g_user = torch.zeros_like(U).index_add_(0, b.user_of, du).div_(b.user_count).add_(U, alpha=lam)
         g_item = torch.zeros_like(V).index_add_(0, b.item_of, dv).div_(b.item_count).add_(V, alpha=lam)
-        return loss_sum, int(err.numel()), {"user": (b.users, g_user), "item": (b.items, g_item)}
+        return loss_sum, int(err.numel()), {"user": (b.users, g_user, U), "item": (b.items, g_item, V)}
 
     def predict(self, b: RatingsBatch):
         *_, pred = self._forward(b)
