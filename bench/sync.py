@@ -10,6 +10,7 @@ overhead (announce + barrier, excluding payload).
     python bench/sync.py                 # full shape (≈15–25 min on 2 cores)
     python bench/sync.py --quick         # 1M ratings (≈3–5 min)
     python bench/sync.py --with-ddp      # also the DistributedDataParallel baseline
+    python bench/sync.py --optimizers sgd_momentum,adam   # also each sync model with PMF's lazy Adam
 """
 
 from __future__ import annotations
@@ -61,12 +62,22 @@ CONFIGS = {
 }
 
 
+def fresh_out(path: Path) -> str:
+    """A run folder of this bench's own, emptied: the runner refuses to overwrite a finished run."""
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+    return str(path)
+
+
 def run_config(data_dir, workers, name, fields, args) -> dict:
-    overrides = {"name": f"bench-sync-{name}-{workers}".replace("(", "").replace(")", "").replace("=", ""),
+    overrides = {"name": f"bench-sync-{name}-{workers}".replace("(", "").replace(")", "").replace("=", "")
+                 .replace("/", "-"),
                  "model": "pmf", "data": data_dir, "workers": workers, "hyper.rank": 20, "seed": args.seed,
                  "scaling.policy": "none", "stop.target_test": args.target, "stop.eval_every": args.eval_every,
                  "stop.max_seconds": args.max_seconds, "stop.max_epochs": args.max_epochs,
-                 "out": str(DATA / "runs" / f"sync-{name}-{workers}"), **fields}
+                 **({"hyper.lr": args.lr} if args.lr else {}),
+                 "out": fresh_out(DATA / "runs" / f"sync-{name}-{workers}".replace("/", "-")), **fields}
     spec = load_spec(overrides=overrides)
     print(f"-- {name} × {workers} workers", flush=True)
     try:
@@ -77,7 +88,7 @@ def run_config(data_dir, workers, name, fields, args) -> dict:
     hit = report["time_to_target_test"]
     totals = report["totals"]
     return {
-        "config": name, "workers": workers, "status": report["status"],
+        "config": name, "optimizer": fields.get("hyper.optimizer"), "workers": workers, "status": report["status"],
         "time_to_target_s": hit["seconds_excluding_eval"] if hit else None,
         "steps_to_target": hit["step"] + 1 if hit else None,
         "steps": report["steps"], "epochs": report["epochs"],
@@ -86,8 +97,8 @@ def run_config(data_dir, workers, name, fields, args) -> dict:
         "final_test_rmse": report["test_metrics"]["rmse"],
         "final_train_rmse": report["final_loss"],
         # Under SSP a worker is usually computing when its go arrives: no barrier to time.
-        "sync_ms_median": None if name.startswith("ssp") else (report["sync_overhead_ms"] or {}).get("median"),
-        "sync_ms_p90": None if name.startswith("ssp") else (report["sync_overhead_ms"] or {}).get("p90"),
+        "sync_ms_median": None if fields["sync.mode"] == "ssp" else (report["sync_overhead_ms"] or {}).get("median"),
+        "sync_ms_p90": None if fields["sync.mode"] == "ssp" else (report["sync_overhead_ms"] or {}).get("p90"),
         "wall_s": report["wall_seconds"], "eval_s": report["eval_seconds"],
         "cpu_ms_per_worker_step": 1000 * totals["cpu_seconds"] / (report["steps"] * workers),
         "cpu_ms_critical_per_step": 1000 * totals["cpu_critical_seconds"] / report["steps"],
@@ -110,13 +121,13 @@ def barrier_overhead(workers: int, steps: int = 400, seed: int = 0) -> dict:
     spec = load_spec(overrides={"name": f"bench-barrier-{workers}", "model": "pmf", "data": str(root / "prepared"),
                                 "workers": workers, "hyper.rank": 2, "sync.mode": "isp", "sync.significance": 1e12,
                                 "scaling.policy": "none", "stop.max_epochs": steps * workers / parts,
-                                "out": str(DATA / "runs" / "barrier")})
-    report, sup = run_local(spec)
-    samples = sorted(1000 * x for x in sup.sync_samples)
+                                "out": fresh_out(DATA / "runs" / "barrier")})
+    report, _ = run_local(spec)  # (report, merged model): the samples' quantiles are in the report
+    sync = report["sync_overhead_ms"]
     return {"workers": workers, "steps": report["steps"], "empty_fraction": report["totals"]["empty_steps"] /
             max(1, report["totals"]["empty_steps"] + report["totals"]["updates_sent"]),
-            "sync_ms_median": statistics.median(samples), "sync_ms_p90": samples[int(0.9 * len(samples))],
-            "first_worker_ms_median": report["sync_overhead_ms"]["first_worker_median"],
+            "sync_ms_median": sync["median"], "sync_ms_p90": sync["p90"],
+            "first_worker_ms_median": sync["first_worker_median"],
             "step_ms_median": 1000 * statistics.median(
                 b["time"] - a["time"] for a, b in zip(report["history"], report["history"][1:]))}
 
@@ -135,6 +146,11 @@ def main(argv=None):
     ap.add_argument("--max-epochs", type=float, default=30)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--with-ddp", action="store_true", help="also run bench/ddp_baseline.py's DDP (gloo) variants")
+    ap.add_argument("--ddp-variants", default="dense,sparse", help="which DDP variants --with-ddp runs")
+    ap.add_argument("--optimizers", default="sgd_momentum",
+                    help="PMF optimisers (comma-separated: sgd_momentum, adam); runs other than sgd_momentum are "
+                         "named adam/<sync> and take the optimiser's default lr")
+    ap.add_argument("--lr", type=float, default=None, help="hyper.lr of every Ebb run (default: the optimiser's)")
     ap.add_argument("--json", help="output JSON (default bench/results/sync[-quick].json)")
     ap.add_argument("--link-mb-s", type=float, default=75.0,
                     help="for the modelled times: network throughput of one worker, MB/s (default 75, about "
@@ -154,6 +170,12 @@ def main(argv=None):
     if "isp" in chosen:
         for v in (float(x) for x in args.isp_v.split(",")):
             configs[f"isp(v={v:g})"] = {"sync.mode": "isp", "sync.significance": v}
+    base = dict(configs)
+    configs = {}
+    for optimizer in args.optimizers.split(","):
+        for name, fields in base.items():
+            configs[name if optimizer == "sgd_momentum" else f"{optimizer}/{name}"] = {
+                **fields, "hyper.optimizer": optimizer}
     rows = []
     for workers in (int(w) for w in args.workers.split(",")):
         for name, fields in configs.items():
@@ -161,7 +183,7 @@ def main(argv=None):
         if args.with_ddp:
             from ddp_baseline import run_ddp
 
-            for variant in ("dense", "sparse"):
+            for variant in args.ddp_variants.split(","):
                 print(f"-- ddp-{variant} × {workers} workers", flush=True)
                 r = run_ddp(data_dir, workers, args.target, variant=variant, rank=20, lr=None,
                             max_seconds=args.max_seconds, max_epochs=args.max_epochs, seed=args.seed,
@@ -243,7 +265,7 @@ def project(row: dict, worker_mb_s: float, server_mb_s: float) -> float | None:
     its CPU already holds the all-reduce's copies, and its busiest rank sets each step.
     """
     steps, cpu_ms = row.get("steps_to_target"), row.get("cpu_ms_critical_per_step")
-    if not steps or cpu_ms is None or row["config"].startswith("ssp"):
+    if not steps or cpu_ms is None or "ssp(" in row["config"]:
         return None  # SSP overlaps waiting with computing: its averages do not make its step time
     if row["config"].startswith("ddp"):
         return steps * (cpu_ms / 1e3 + row["bytes_per_step_per_rank"] / 1e6 / worker_mb_s)
@@ -289,6 +311,17 @@ def verdicts(rows, workers, worker_mb_s: float | None = None, server_mb_s: float
             f"Ebb {best_name} vs the fastest DDP ({fastest['config']}): "
             f"{out['speedup_vs_ddp']:.2f}× sooner to target (target ≥ 3)"
         )
+    sparse_adam = at.get("ddp-sparse", {}).get("steps_to_target")
+    for name, r in at.items():
+        if "/" in name and not name.startswith("ddp"):  # another optimiser: steps against the default's
+            base = at.get(name.split("/", 1)[1], {})
+            out.setdefault("optimizers", {})[name] = {
+                "steps_to_target": r.get("steps_to_target"), "default_steps": base.get("steps_to_target"),
+                "ddp_sparse_adam_steps": sparse_adam, "final_test_rmse": r.get("final_test_rmse"),
+                "default_final_test_rmse": base.get("final_test_rmse")}
+            out["lines"].append(f"{name}: {r.get('steps_to_target')} steps to target against "
+                                f"{base.get('steps_to_target')} with the default optimiser"
+                                + (f" and {sparse_adam} for DDP + SparseAdam" if sparse_adam else ""))
     if worker_mb_s:
         proj = {k: r["projected_s"] for k, r in at.items() if r.get("projected_s") is not None}
         isp_name = min((k for k in proj if k.startswith("isp")), key=proj.get, default=None)

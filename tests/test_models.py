@@ -48,7 +48,7 @@ def test_pmf_gradients_match_autograd_with_per_row_normalisation():
         side = (0.5 * err**2 / counts[idx]).sum()
         (grad,) = torch.autograd.grad(side, p[name], retain_graph=True)
         g[name] = grad
-    for name, (rows, grad) in grads.items():
+    for name, (rows, grad, *_) in grads.items():
         expected = g[name][rows] + 0.05 * model.params[name][rows]
         torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-6)
         untouched = torch.ones(model.params[name].shape[0], dtype=torch.bool)
@@ -124,6 +124,59 @@ def test_sparse_adam_matches_torch_sparse_adam_on_touched_rows():
         emb.weight.grad = torch.sparse_coo_tensor(rows.unsqueeze(0), grad, (10, 2), check_invariants=True)
         torch_opt.step()
     torch.testing.assert_close(ours["p"], emb.weight.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_lazy_adam_with_row_steps_matches_torch_sparse_adam_with_a_parameter_per_row():
+    """Per-row bias correction is torch.optim.SparseAdam with every row its own parameter:
+    torch counts a parameter's steps only when it has a gradient."""
+    torch.manual_seed(0)
+    x0 = torch.randn(12, 3)
+    ours = {"p": x0.clone()}
+    opt = SparseAdam(ours, lr=0.05, row_steps=True)
+    rows_as_params = [torch.nn.Parameter(x0[r : r + 1].clone()) for r in range(12)]
+    torch_opt = torch.optim.SparseAdam(rows_as_params, lr=0.05)
+    touched = torch.zeros(12)
+    for _ in range(40):
+        # Rows at very different rates: row r is touched with probability about 1/(r+1).
+        rows = torch.nonzero(torch.rand(12) < 1 / torch.arange(1, 13)).flatten()
+        if rows.numel() == 0:
+            continue
+        grad = torch.randn(rows.numel(), 3)
+        opt.begin_step()
+        ours["p"].index_add_(0, rows, opt.delta("p", rows, grad))
+        for p in rows_as_params:
+            p.grad = None
+        for j, r in enumerate(rows.tolist()):
+            rows_as_params[r].grad = torch.sparse_coo_tensor(torch.zeros(1, 1, dtype=torch.long), grad[j : j + 1],
+                                                             (1, 3), check_invariants=True)
+        torch_opt.step()
+        touched[rows] += 1
+    assert touched.min() >= 1 and touched.max() >= 5 * touched.min()  # the rates really differ
+    torch.testing.assert_close(ours["p"], torch.cat([p.detach() for p in rows_as_params]), rtol=1e-5, atol=1e-6)
+    assert torch.equal(opt.row_steps["p"].flatten(), touched.double())
+
+
+def test_pmf_with_adam_keeps_lazy_state_and_refuses_a_momentum_checkpoint():
+    adam = PMF(30, 20, rank=4, lr=0.03, momentum=0.0, l2=0.05, init_std=0.1, global_mean=3.0, seed=1,
+               optimizer="adam")
+    batch = adam.to_batch(_ratings(n=50))
+    _, _, update = adam.local_update(batch)
+    untouched = torch.ones(30, dtype=torch.bool)
+    untouched[batch.users] = False
+    state = adam.state_arrays()
+    assert set(k for k in state if k.startswith("opt.")) == {
+        "opt.m.user", "opt.m.item", "opt.v.user", "opt.v.item", "opt.rowsteps.user", "opt.rowsteps.item", "opt.steps"}
+    assert (state["opt.rowsteps.user"][untouched.numpy()] == 0).all()
+    assert (state["opt.rowsteps.user"][batch.users.numpy()] == 1).all()
+    assert (state["opt.m.user"][untouched.numpy()] == 0).all()
+    # First step of lazy Adam: every touched entry with a gradient moves by lr (up to eps).
+    rows, delta = update.rows["user"]
+    np.testing.assert_allclose(delta.abs().numpy(), 0.03, rtol=1e-4)
+    sgd = PMF(30, 20, rank=4, lr=0.03, momentum=0.8, l2=0.05, init_std=0.1, global_mean=3.0, seed=1)
+    with pytest.raises(ValueError, match="optimiser state has no m.item, m.user, .*another hyper.optimizer"):
+        adam.load_state_arrays(sgd.state_arrays())
+    with pytest.raises(ValueError, match="hyper.optimizer 'rmsprop'"):
+        PMF(3, 2, rank=2, lr=0.1, momentum=0.0, l2=0.0, init_std=0.1, global_mean=0.0, seed=0, optimizer="rmsprop")
 
 
 def test_auc_matches_pairwise_definition():

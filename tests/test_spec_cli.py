@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ebb.cli import main
-from ebb.spec import MODEL_DEFAULTS, SpecError, load_spec
+from ebb.spec import MODEL_DEFAULTS, PMF_ADAM_LR, SpecError, load_spec
 
 
 def _job(tmp_path, text):
@@ -51,6 +51,16 @@ def test_flags_override_the_file_and_defaults_follow_the_model(tmp_path):
 def test_ssp_with_a_scaling_policy_is_refused():
     with pytest.raises(SpecError, match="scaling.policy must be 'none' with sync.mode 'ssp'"):
         load_spec(overrides={"data": "d", "workers": 4, "sync.mode": "ssp", "scaling.policy": "autotune"})
+
+
+def test_the_optimizer_follows_the_model_and_adam_takes_its_own_lr():
+    assert load_spec(overrides={"data": "d"}).hyper.optimizer == "sgd_momentum"
+    adam = load_spec(overrides={"data": "d", "hyper.optimizer": "adam"}).hyper
+    assert adam.optimizer == "adam" and adam.lr == PMF_ADAM_LR
+    assert load_spec(overrides={"data": "d", "hyper.optimizer": "adam", "hyper.lr": 0.01}).hyper.lr == 0.01
+    assert load_spec(overrides={"data": "d", "model": "lr"}).hyper.optimizer == "adam"
+    with pytest.raises(SpecError, match="hyper.optimizer: model sparse_lr trains with adam only"):
+        load_spec(overrides={"data": "d", "model": "sparse_lr", "hyper.optimizer": "sgd_momentum"})
 
 
 def test_cli_synth_prepare_train_end_to_end(tmp_path, capsys):

@@ -42,6 +42,8 @@ def _add_job_flags(p) -> None:
     )
     p.add_argument("--rank", type=int, help="PMF latent dimension (default 20)")
     p.add_argument("--lr", type=float, help="learning rate (default per model)")
+    p.add_argument("--optimizer", choices=["sgd_momentum", "adam"],
+                   help="PMF optimiser: sgd_momentum (default) or adam (lazy Adam)")
     p.add_argument("--workers", type=int, help="number of workers at the start (default 1)")
     p.add_argument("--sync", choices=["bsp", "ssp", "isp"], help="synchronisation model (default isp)")
     p.add_argument("--significance", type=float, metavar="V", help="ISP threshold v; v_t = v/sqrt(t) (default 0.7)")
@@ -107,6 +109,7 @@ TRAIN_OVERRIDES = {
     "data": "data",
     "rank": "hyper.rank",
     "lr": "hyper.lr",
+    "optimizer": "hyper.optimizer",
     "workers": "workers",
     "sync": "sync.mode",
     "significance": "sync.significance",

@@ -64,22 +64,33 @@ Elements = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (row, flat index i
 Packed = tuple[torch.Tensor, torch.Tensor | None]  # (int8 codes, bfloat16 row scales) or (float16 values, None)
 
 
-def compress_rows(vals: torch.Tensor) -> tuple[Packed, torch.Tensor]:
+def compress_rows(vals: torch.Tensor, magnitudes: torch.Tensor | None = None) -> tuple[Packed, torch.Tensor]:
     """Round ``vals`` [k, dim] to a compact exact form: (packed, the float32 values it stands for).
 
     Rows ≥ 4 wide become int8 codes with one bfloat16 scale per row (≈ max |value| / 127;
     bfloat16 has float32's range, so no row is too small to scale); narrower rows become
     float16. The caller keeps ``vals − returned`` (error feedback). Zeros stay zeros, so
-    a masked row's absent entries stay absent.
+    a masked row's absent entries stay absent. ``magnitudes``: ``vals.abs()`` when the
+    caller has it already.
     """
     if vals.shape[1] >= _Q8_MIN_DIM:
-        scales = vals.abs().amax(dim=1).div_(127.0).to(torch.bfloat16)
+        scales = _row_max(vals.abs() if magnitudes is None else magnitudes).div_(127.0).to(torch.bfloat16)
         scales.masked_fill_(scales == 0, 1.0)  # an all-zero row
         wide = scales.to(torch.float32).unsqueeze(1)
         codes = vals.div(wide).round_().clamp_(-127, 127).to(torch.int8)
         return (codes, scales), codes.to(torch.float32).mul_(wide)
     half = vals.clamp(-_F16_MAX, _F16_MAX).to(torch.float16)
     return (half, None), half.to(torch.float32)
+
+
+def _row_max(x: torch.Tensor) -> torch.Tensor:
+    """``x.amax(dim=1)``, exactly: torch reduces a short inner axis slowly, so the row is
+    folded in half first (a maximum is the same in any order, NaN included)."""
+    half = x.shape[1] // 2
+    if half < 4:
+        return x.amax(dim=1)
+    out = torch.maximum(x[:, :half], x[:, half : 2 * half]).amax(dim=1)
+    return torch.maximum(out, x[:, 2 * half :].amax(dim=1)) if x.shape[1] % 2 else out
 
 
 @dataclass
@@ -90,6 +101,9 @@ class RowUpdate:
     touched: dict[str, torch.Tensor] | None = None  # rows the sender touched, when it differs from ``rows``
     elements: dict[str, Elements] | None = None  # single entries (decoded masked rows)
     packed: dict[str, Packed] | None = None  # the same values as ``rows``, in their wire form
+    # The parameter's rows as they were when the update was computed, where the model had
+    # them at hand (local only, never encoded): the ISP filter reads |x| there, not again.
+    base: dict[str, torch.Tensor] | None = None
 
     def is_empty(self) -> bool:
         return (all(idx.numel() == 0 for idx, _ in self.rows.values())
@@ -228,9 +242,22 @@ def _encode_values(vals: torch.Tensor, packed: Packed | None) -> tuple[int, list
     width = (dim + 7) // 8
     little = v.dtype.newbyteorder("<")
     if v.itemsize * (k * dim - nnz) > k * width + _U32.size:
-        return flags | _MASKED, [np.packbits(keep, axis=1, bitorder="little").tobytes(), _U32.pack(nnz), *head,
-                                 v[keep].astype(little, copy=False).tobytes()]
+        # Gathering by positions is about 3× faster than by a boolean mask.
+        carried = v.reshape(-1)[np.flatnonzero(keep)]
+        return flags | _MASKED, [_row_masks(keep, width).tobytes(), _U32.pack(nnz), *head,
+                                 carried.astype(little, copy=False).tobytes()]
     return flags, [*head, np.ascontiguousarray(v).astype(little, copy=False).tobytes()]
+
+
+def _row_masks(keep: np.ndarray, width: int) -> np.ndarray:
+    """``np.packbits(keep, axis=1, bitorder="little")``: each row's bits padded to whole bytes
+    first, as packing a flat array is about 3× faster than packing along an axis."""
+    k, dim = keep.shape
+    if dim == 8 * width:
+        return np.packbits(keep.reshape(-1), bitorder="little").reshape(k, width)
+    padded = np.zeros((k, 8 * width), dtype=bool)
+    padded[:, :dim] = keep
+    return np.packbits(padded.reshape(-1), bitorder="little").reshape(k, width)
 
 
 def _decode_values(buf: memoryview, off: int, flags: int, k: int, n: int, row_of: np.ndarray | None,

@@ -23,6 +23,11 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "sparse_lr": {"lr": 0.02, "l2": 1e-6, "lr_decay": 1.0},
     "lr": {"lr": 0.05, "l2": 1e-5, "lr_decay": 1.0},
 }
+# The optimiser each model trains with when hyper.optimizer is unset (PMF offers both), and
+# the learning rate Adam takes when hyper.lr is unset: Adam's step is about lr per entry
+# whatever the gradient's scale, so SGD's default lr means something else to it.
+OPTIMIZER_DEFAULTS: dict[str, str] = {"pmf": "sgd_momentum", "sparse_lr": "adam", "lr": "adam"}
+PMF_ADAM_LR = 0.03
 
 
 class _Strict(BaseModel):
@@ -35,7 +40,9 @@ class HyperParams(_Strict):
 
     rank: int | None = Field(None, ge=1, le=1024, description="PMF latent dimension")
     lr: float | None = Field(None, gt=0, le=100, description="learning rate")
-    momentum: float | None = Field(None, ge=0, lt=1, description="Nesterov momentum (PMF)")
+    optimizer: Literal["sgd_momentum", "adam"] | None = Field(
+        None, description=f"pmf: sgd_momentum | adam (lazy, lr {PMF_ADAM_LR:g}); LR: adam")
+    momentum: float | None = Field(None, ge=0, lt=1, description="Nesterov momentum (PMF, sgd_momentum)")
     l2: float | None = Field(None, ge=0, description="L2 regularisation")
     init_std: float | None = Field(None, gt=0, le=10, description="std of the initial factors (PMF)")
     lr_decay: float | None = Field(None, gt=0, le=1, description="learning rate × this at each epoch")
@@ -182,6 +189,13 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _fill_defaults(self):
+        default_optimizer = OPTIMIZER_DEFAULTS[self.model]
+        if self.hyper.optimizer is None:
+            self.hyper.optimizer = default_optimizer
+        elif self.model != "pmf" and self.hyper.optimizer != default_optimizer:
+            raise ValueError(f"hyper.optimizer: model {self.model} trains with {default_optimizer} only")
+        if self.model == "pmf" and self.hyper.optimizer == "adam" and self.hyper.lr is None:
+            self.hyper.lr = PMF_ADAM_LR
         for key, value in MODEL_DEFAULTS[self.model].items():
             if getattr(self.hyper, key) is None:
                 setattr(self.hyper, key, value)

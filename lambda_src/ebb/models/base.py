@@ -36,8 +36,9 @@ class Model(ABC):
         """Convert a decoded minibatch to the tensors ``local_update`` consumes (cacheable)."""
 
     @abstractmethod
-    def gradients(self, batch: Any) -> tuple[float, int, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-        """(sum of per-sample losses, samples, {param: (unique rows, gradient rows)})."""
+    def gradients(self, batch: Any) -> tuple[float, int, dict[str, tuple[torch.Tensor, ...]]]:
+        """(sum of per-sample losses, samples, {param: (unique rows, gradient rows[, parameter rows])}):
+        a model that gathered the parameter's rows anyway may pass them on (see ``RowUpdate.base``)."""
 
     @abstractmethod
     def predict(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -52,7 +53,8 @@ class Model(ABC):
         loss_sum, n, grads = self.gradients(batch)
         self.optimizer.begin_step()
         update = RowUpdate(
-            {name: (rows, self.optimizer.delta(name, rows, grad)) for name, (rows, grad) in grads.items()}
+            {name: (g[0], self.optimizer.delta(name, g[0], g[1])) for name, g in grads.items()},
+            base={name: g[2] for name, g in grads.items() if len(g) > 2} or None,
         )
         return loss_sum, n, update
 

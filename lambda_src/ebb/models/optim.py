@@ -37,18 +37,31 @@ class SparseSGD:
         return out
 
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        _require(state, self.state())
         for n in self.buffers:
             self.buffers[n].copy_(state[f"buf.{n}"])
         self.steps = int(state["steps"][0])
 
 
 class SparseAdam:
-    """Adam with per-row moments and a global step count for bias correction (lazy Adam)."""
+    """Adam with per-row moments (lazy Adam): only the rows a step touches move.
 
-    def __init__(self, params: dict[str, torch.Tensor], lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
+    Bias correction counts steps per parameter (``row_steps=False``: every step touches
+    each parameter, as torch.optim.SparseAdam counts them) or per row (``row_steps=True``:
+    a row's correction follows how many times *it* was touched, so a row seen for the
+    first time at step 1,000 is corrected as a fresh one; this is torch.optim.SparseAdam
+    with every row its own parameter). Per-row counts suit embeddings, whose rows are
+    touched at very different rates.
+    """
+
+    def __init__(self, params: dict[str, torch.Tensor], lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
+                 row_steps: bool = False):
         self.lr, (self.beta1, self.beta2), self.eps = lr, betas, eps
         self.m = {n: torch.zeros_like(p) for n, p in params.items()}
         self.v = {n: torch.zeros_like(p) for n, p in params.items()}
+        # float64 counts: exact far past any job's length, and the bias terms are computed in float64.
+        self.row_steps = {n: torch.zeros(p.shape[0], 1, dtype=torch.float64) for n, p in params.items()} \
+            if row_steps else None
         self.steps = 0
 
     def begin_step(self) -> None:
@@ -59,19 +72,37 @@ class SparseAdam:
         v_rows = self.v[name].index_select(0, rows).mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
         self.m[name].index_copy_(0, rows, m_rows)
         self.v[name].index_copy_(0, rows, v_rows)
-        bias1 = 1 - self.beta1**self.steps
-        bias2 = 1 - self.beta2**self.steps
-        step_size = self.lr * (bias2**0.5) / bias1
-        return m_rows.div(v_rows.sqrt().add_(self.eps * bias2**0.5)).mul_(-step_size)
+        if self.row_steps is None:
+            bias1 = 1 - self.beta1**self.steps
+            root2 = (1 - self.beta2**self.steps) ** 0.5
+            return m_rows.div(v_rows.sqrt().add_(self.eps * root2)).mul_(-self.lr * root2 / bias1)
+        counts = self.row_steps[name]
+        n = counts.index_select(0, rows).add_(1.0)
+        counts.index_copy_(0, rows, n)
+        root2 = torch.pow(self.beta2, n).neg_().add_(1.0).sqrt_()  # [k, 1]
+        step = root2.div(torch.pow(self.beta1, n).neg_().add_(1.0)).mul_(-self.lr).to(m_rows.dtype)
+        return m_rows.div(v_rows.sqrt().add_(root2.mul(self.eps).to(v_rows.dtype))).mul_(step)
 
     def state(self) -> dict[str, torch.Tensor]:
         out = {f"m.{n}": t for n, t in self.m.items()}
         out.update({f"v.{n}": t for n, t in self.v.items()})
+        out.update({f"rowsteps.{n}": t for n, t in (self.row_steps or {}).items()})
         out["steps"] = torch.tensor([self.steps])
         return out
 
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        _require(state, self.state())
         for n in self.m:
             self.m[n].copy_(state[f"m.{n}"])
             self.v[n].copy_(state[f"v.{n}"])
+        for n, t in (self.row_steps or {}).items():
+            t.copy_(state[f"rowsteps.{n}"])
         self.steps = int(state["steps"][0])
+
+
+def _require(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """A saved optimiser state must hold what this optimiser keeps (e.g. not momentum for Adam)."""
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise ValueError(f"the saved optimiser state has no {', '.join(missing)} (it holds {', '.join(sorted(state))}):"
+                         " was it written with another hyper.optimizer?")

@@ -1,4 +1,4 @@
-"""Probabilistic matrix factorisation with biases, trained by SGD + Nesterov momentum.
+"""Probabilistic matrix factorisation with biases, trained by SGD + Nesterov momentum or lazy Adam.
 
 Prediction ``r̂ = μ + b_u + b_i + U_u · V_i``. The per-step objective is the *sum* over
 the minibatch of ``½(r̂ − r)² + ½λ(|U_u|² + |V_i|² + b_u² + b_i²)`` (per-rating
@@ -11,6 +11,11 @@ rank + 1]``): a user's factors and bias always change together, and one row of 2
 costs one gather, one filter pass, one wire entry and one scatter-add where a row of
 20 and a row of 1 cost two of each — the per-row overhead, not the arithmetic, is
 what a worker pays for on every step.
+
+The optimiser (``optimizer``) is ``sgd_momentum`` (per-row Nesterov momentum buffers) or
+``adam`` (lazy Adam: per-row moments and per-row bias correction, see
+``ebb.models.optim.SparseAdam``). Both keep their state per row, advance it only for
+the rows a minibatch touched, and checkpoint it with the replica.
 
 Scored predictions (``predict``) are clipped to the rating range when one is given: a
 rating scale's bounds are known, and a prediction beyond them is wrong by at least
@@ -26,7 +31,10 @@ import torch
 
 from ebb.models.base import Model
 from ebb.models.metrics import rmse
-from ebb.models.optim import SparseSGD
+from ebb.models.optim import SparseAdam, SparseSGD
+
+
+OPTIMIZERS = ("sgd_momentum", "adam")  # the first is the default
 
 
 @dataclass
@@ -45,7 +53,8 @@ class PMF(Model):
     loss_name = "rmse"
 
     def __init__(self, num_users: int, num_items: int, *, rank: int, lr: float, momentum: float, l2: float,
-                 init_std: float, global_mean: float, seed: int, rating_range: tuple[float, float] | None = None):
+                 init_std: float, global_mean: float, seed: int, rating_range: tuple[float, float] | None = None,
+                 optimizer: str = "sgd_momentum"):
         gen = torch.Generator().manual_seed(seed)
         user, item = torch.zeros(num_users, rank + 1), torch.zeros(num_items, rank + 1)  # biases start at 0
         user[:, :rank] = torch.randn(num_users, rank, generator=gen).mul_(init_std)
@@ -53,7 +62,12 @@ class PMF(Model):
         self.params = {"user": user, "item": item}
         self.rank, self.l2, self.mu = rank, l2, global_mean
         self.rating_range = rating_range  # (lowest, highest) rating: where scored predictions are clipped
-        self.optimizer = SparseSGD(self.params, lr=lr, momentum=momentum, nesterov=momentum > 0)
+        if optimizer == "adam":
+            self.optimizer = SparseAdam(self.params, lr=lr, row_steps=True)
+        elif optimizer == "sgd_momentum":
+            self.optimizer = SparseSGD(self.params, lr=lr, momentum=momentum, nesterov=momentum > 0)
+        else:
+            raise ValueError(f"hyper.optimizer {optimizer!r} is not one of {', '.join(OPTIMIZERS)} (pmf)")
 
     def to_batch(self, arrays):
         users, user_of = torch.unique(torch.from_numpy(arrays["user"].astype(np.int64)), return_inverse=True)
@@ -82,7 +96,7 @@ class PMF(Model):
         dv = torch.cat([Uk[:, :r] * e, e], dim=1)
         g_user = torch.zeros_like(U).index_add_(0, b.user_of, du).div_(b.user_count).add_(U, alpha=lam)
         g_item = torch.zeros_like(V).index_add_(0, b.item_of, dv).div_(b.item_count).add_(V, alpha=lam)
-        return loss_sum, int(err.numel()), {"user": (b.users, g_user), "item": (b.items, g_item)}
+        return loss_sum, int(err.numel()), {"user": (b.users, g_user, U), "item": (b.items, g_item, V)}
 
     def predict(self, b: RatingsBatch):
         *_, pred = self._forward(b)
