@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -206,7 +207,7 @@ def ebb_run(data: dict, view: Path, workers: int, hyper: dict, max_epochs: float
     shutil.rmtree(out, ignore_errors=True)  # ebb train refuses an --out that holds a run
     out.mkdir(parents=True)
     job_file = out / "job.yaml"
-    job_file.write_text(json.dumps(job, indent=1))  # JSON is YAML
+    job_file.write_text(yaml.safe_dump(job, sort_keys=False))  # (JSON's 1e-05 would be a string in YAML)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lambda_src"), str(ROOT)])}
     started = time.perf_counter()
     proc = subprocess.run(
