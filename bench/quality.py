@@ -66,8 +66,9 @@ from ebb.spec import MODEL_DEFAULTS  # noqa: E402
 from ebb.stores.local import FolderObjectStore  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "quality"
+RUNS = DATA / "runs"  # --runs: each job's folder (job.yaml, report.json, stderr.txt)
 VAL_FRACTION = TEST_FRACTION = 0.1
-DEFAULT_EPOCHS = 10  # StopSpec.max_epochs today
+DEFAULT_EPOCHS = 10  # StopSpec.max_epochs before early stopping was the default (the "@10 ep" column)
 
 # name: (generator, file name, prepare format, batch size, metric). Planted keeps the
 # README quick start's batch of 6,250; the 100k-rating shapes the 1,000 of the issue's
@@ -95,12 +96,12 @@ DATASETS = {
 MODEL_OF = {"ratings": "pmf", "sparse": "sparse_lr"}
 
 GRIDS = {
-    "pmf": {"l2": [0.05, 0.1, 0.2], "lr": [0.02, 0.04, 0.08], "momentum": [0.8, 0.9], "lr_decay": [0.9, 1.0]},
-    "sparse_lr": {"l2": [1e-6, 1e-5, 1e-4, 1e-3], "lr": [0.01, 0.02, 0.05]},
+    "pmf": {"l2": [0.05, 0.1, 0.2], "lr": [0.01, 0.02, 0.04], "momentum": [0.8, 0.9], "lr_decay": [0.9, 0.95, 1.0]},
+    "sparse_lr": {"l2": [1e-6, 1e-5, 3e-5, 1e-4, 1e-3], "lr": [0.005, 0.01, 0.02]},
 }
 QUICK_GRIDS = {
-    "pmf": {"l2": [0.05, 0.1, 0.2], "lr": [0.04], "momentum": [0.8], "lr_decay": [0.9, 1.0]},
-    "sparse_lr": {"l2": [1e-6, 1e-5, 1e-4], "lr": [0.02]},
+    "pmf": {"l2": [0.05, 0.1, 0.15], "lr": [0.02], "momentum": [0.8], "lr_decay": [0.9, 0.95]},
+    "sparse_lr": {"l2": [1e-5, 3e-5, 1e-4], "lr": [0.01]},
 }
 TORCH_GRIDS = {
     "pmf": {"lr": [0.003, 0.01, 0.03], "wd": [0.03, 0.1, 0.3]},
@@ -190,7 +191,7 @@ def _view(prepared: Path, scored: str) -> Path:
 
 def ebb_run(data: dict, view: Path, workers: int, hyper: dict, max_epochs: float, tag: str) -> dict:
     """One job through the CLI, scored once an epoch; its curve and final metrics."""
-    out = DATA / "runs" / tag
+    out = RUNS / tag
     parts = len(data["manifest"].train.parts)
     job = {
         "name": tag.replace("/", "-")[-64:],
@@ -447,6 +448,7 @@ def parse_candidate(text: str) -> dict:
 
 
 def main(argv=None):
+    global RUNS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--datasets",
@@ -470,8 +472,14 @@ def main(argv=None):
     ap.add_argument(
         "--candidate-model", default="pmf", choices=["pmf", "sparse_lr"], help="which model the candidates are for"
     )
+    ap.add_argument("--runs", type=Path, help=f"where the jobs' folders go (default {RUNS}): one per concurrent bench")
     ap.add_argument("--json", help="output JSON (default bench/results/quality[-quick].json)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="only merge these results files into --json")
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.json)
+    if args.runs:
+        RUNS = args.runs
 
     names = args.datasets.split(",") + (["ml-10m"] if args.with_ml10m else [])
     workers_list = [int(w) for w in args.workers.split(",")]
@@ -510,21 +518,7 @@ def main(argv=None):
             rows.append(_row(data, None, "torch", reference, reference))
             details.append({"dataset": name, "workers": None, "torch": reference})
     print()
-    print_table(
-        rows,
-        [
-            ("dataset", "dataset"),
-            ("workers", "P"),
-            ("arm", "method"),
-            ("floor", "floor"),
-            ("test_at_10", "test @10 ep"),
-            ("test_at_best_val", "test @val-best"),
-            ("best_epoch", "epoch"),
-            ("vs_torch_pct", "vs torch %"),
-            ("best_test", "best test"),
-            ("hyper", "hyper-parameters"),
-        ],
-    )
+    print_table(rows, TABLE)
     write_json(
         "quality-quick" if args.quick else "quality",
         {
@@ -540,6 +534,32 @@ def main(argv=None):
         },
         args.json,
     )
+
+
+TABLE = [
+    ("dataset", "dataset"),
+    ("workers", "P"),
+    ("arm", "method"),
+    ("floor", "floor"),
+    ("test_at_10", "test @10 ep"),
+    ("test_at_best_val", "test @val-best"),
+    ("best_epoch", "epoch"),
+    ("vs_torch_pct", "vs torch %"),
+    ("best_test", "best test"),
+    ("hyper", "hyper-parameters"),
+]
+
+
+def merge(paths: list[str], out: str | None) -> None:
+    """One results file from runs split over processes (e.g. one per dataset, side by side)."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    merged = {k: v for k, v in parts[0].items() if k != "machine"}
+    for key in ("rows", "details"):
+        merged[key] = [x for p in parts for x in p[key]]
+    merged["datasets"] = {n: d for p in parts for n, d in p["datasets"].items()}
+    merged["merged_from"] = paths
+    print_table(merged["rows"], TABLE)
+    write_json("quality", merged, out)
 
 
 def _row(data: dict, workers: int | None, arm: str, r: dict, reference: dict | None) -> dict:
