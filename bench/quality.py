@@ -21,8 +21,9 @@ processes and a private redis-server from 2 workers on), ISP, no scaling policy,
 the fleet stays at the stated size. Validation curves come from a second view of the
 prepared folder (``<prepared>-val``: the same train parts, the validation split in the
 place of the test split) scored by worker 0 once an epoch; the reported test figure is
-read at the same step of the same run on the real folder (runs are deterministic for a
-seed; from 2 workers the per-epoch figure is worker 0's replica, the final one the merged
+read at the same step of the same run on a third view (``<prepared>-test``: train and
+test only; on the real folder the engine would score validation), as runs are
+deterministic for a seed; from 2 workers the per-epoch figure is worker 0's replica, the final one the merged
 model). Predictions are clipped to the rating range for every method.
 
     python bench/quality.py                  # planted, ml-100k, ml-latest-small, logistic, criteo; 1 and 4 workers
@@ -39,12 +40,14 @@ import itertools
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -63,8 +66,9 @@ from ebb.spec import MODEL_DEFAULTS  # noqa: E402
 from ebb.stores.local import FolderObjectStore  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "quality"
+RUNS = DATA / "runs"  # --runs: each job's folder (job.yaml, report.json, stderr.txt)
 VAL_FRACTION = TEST_FRACTION = 0.1
-DEFAULT_EPOCHS = 10  # StopSpec.max_epochs today
+DEFAULT_EPOCHS = 10  # StopSpec.max_epochs before early stopping was the default (the "@10 ep" column)
 
 # name: (generator, file name, prepare format, batch size, metric). Planted keeps the
 # README quick start's batch of 6,250; the 100k-rating shapes the 1,000 of the issue's
@@ -92,12 +96,12 @@ DATASETS = {
 MODEL_OF = {"ratings": "pmf", "sparse": "sparse_lr"}
 
 GRIDS = {
-    "pmf": {"l2": [0.05, 0.1, 0.2], "lr": [0.02, 0.04, 0.08], "momentum": [0.8, 0.9], "lr_decay": [0.9, 1.0]},
-    "sparse_lr": {"l2": [1e-6, 1e-5, 1e-4, 1e-3], "lr": [0.01, 0.02, 0.05]},
+    "pmf": {"l2": [0.05, 0.1, 0.2], "lr": [0.01, 0.02, 0.04], "momentum": [0.8, 0.9], "lr_decay": [0.9, 0.95, 1.0]},
+    "sparse_lr": {"l2": [1e-6, 1e-5, 3e-5, 1e-4, 1e-3], "lr": [0.005, 0.01, 0.02]},
 }
 QUICK_GRIDS = {
-    "pmf": {"l2": [0.05, 0.1, 0.2], "lr": [0.04], "momentum": [0.8], "lr_decay": [0.9, 1.0]},
-    "sparse_lr": {"l2": [1e-6, 1e-5, 1e-4], "lr": [0.02]},
+    "pmf": {"l2": [0.05, 0.1, 0.15], "lr": [0.02], "momentum": [0.8], "lr_decay": [0.9, 0.95]},
+    "sparse_lr": {"l2": [1e-5, 3e-5, 1e-4], "lr": [0.01]},
 }
 TORCH_GRIDS = {
     "pmf": {"lr": [0.003, 0.01, 0.03], "wd": [0.03, 0.1, 0.3]},
@@ -142,7 +146,8 @@ def dataset(name: str, batch_size: int | None = None) -> dict:
         "kind": kind,
         "model": MODEL_OF[kind],
         "prepared": prepared,
-        "val_view": _val_view(prepared),
+        "val_view": _view(prepared, "val"),
+        "test_view": _view(prepared, "test"),
         "manifest": manifest,
         "meta": meta,
         "batch_size": batch,
@@ -157,18 +162,26 @@ def dataset(name: str, batch_size: int | None = None) -> dict:
     return info
 
 
-def _val_view(prepared: Path) -> Path:
-    """A folder whose *test* split is ``prepared``'s validation split (same train parts),
-    so the engine's periodic scoring draws the validation curve."""
-    view = prepared.with_name(prepared.name + "-val")
+def _view(prepared: Path, scored: str) -> Path:
+    """A folder with ``prepared``'s train parts and one held-out split, ``scored`` (val or
+    test), in the place of the test split and no validation split: the engine's periodic
+    scoring then draws that split's curve (on the real folder it would score validation
+    only), and training is the same run as on ``prepared``."""
+    view = prepared.with_name(f"{prepared.name}-{scored}")
     manifest = Manifest.from_json((prepared / MANIFEST_KEY).read_text())
     view.mkdir(parents=True, exist_ok=True)
-    for split in ("train", "val"):
-        link = view / split
-        if not link.exists():
-            link.symlink_to(prepared / split, target_is_directory=True)
-    manifest.test, manifest.val = manifest.val, SplitInfo()
-    manifest.stats = {k: v for k, v in manifest.stats.items() if not k.startswith("test_")}
+    # One link per part: the folder store lists with rglob, which does not descend into
+    # symlinked folders (before Python 3.13).
+    for split in ("train", scored):
+        (view / split).mkdir(exist_ok=True)
+        for part in (prepared / split).iterdir():
+            link = view / split / part.name
+            if not link.exists():
+                link.symlink_to(part)
+    if scored == "val":
+        manifest.test = manifest.val
+        manifest.stats = {k: v for k, v in manifest.stats.items() if not k.startswith("test_")}
+    manifest.val = SplitInfo()
     (view / MANIFEST_KEY).write_text(manifest.to_json())
     return view
 
@@ -178,7 +191,7 @@ def _val_view(prepared: Path) -> Path:
 
 def ebb_run(data: dict, view: Path, workers: int, hyper: dict, max_epochs: float, tag: str) -> dict:
     """One job through the CLI, scored once an epoch; its curve and final metrics."""
-    out = DATA / "runs" / tag
+    out = RUNS / tag
     parts = len(data["manifest"].train.parts)
     job = {
         "name": tag.replace("/", "-")[-64:],
@@ -192,9 +205,10 @@ def ebb_run(data: dict, view: Path, workers: int, hyper: dict, max_epochs: float
         "scaling": {"policy": "none"},
         "stop": {"max_epochs": max_epochs, "eval_every": max(1, round(parts / workers)), "max_seconds": 7200},
     }
-    out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)  # ebb train refuses an --out that holds a run
+    out.mkdir(parents=True)
     job_file = out / "job.yaml"
-    job_file.write_text(json.dumps(job, indent=1))  # JSON is YAML
+    job_file.write_text(yaml.safe_dump(job, sort_keys=False))  # (JSON's 1e-05 would be a string in YAML)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lambda_src"), str(ROOT)])}
     started = time.perf_counter()
     proc = subprocess.run(
@@ -238,7 +252,7 @@ def at_epoch(curve: list[dict], epoch: float) -> float | None:
 def scored(data: dict, workers: int, hyper: dict, epochs: float, tag: str) -> dict:
     """Validation curve → the epoch to keep → the test figure at that step (two runs)."""
     val = ebb_run(data, data["val_view"], workers, hyper, epochs, f"{tag}/val")
-    test = ebb_run(data, data["prepared"], workers, hyper, epochs, f"{tag}/test")
+    test = ebb_run(data, data["test_view"], workers, hyper, epochs, f"{tag}/test")
     chosen = best_point(val["curve"])
     row = {
         "hyper": hyper,
@@ -423,27 +437,18 @@ def tune_torch(data: dict, grid: dict, epochs: int) -> dict:
 
 
 def parse_candidate(text: str) -> dict:
-    """``l2=0.1,lr=0.04,...`` → hyper dict (model defaults fill the rest). ``step_decay=D``
-    stands for a decay of D per ``parts`` steps instead of per epoch: at P workers an
-    epoch has P times fewer steps, so it becomes ``lr_decay = D**(1/P)``."""
+    """``l2=0.1,lr=0.04,...`` → hyper dict (model defaults fill the rest)."""
     out = {}
     for item in text.split(","):
         key, _, value = item.partition("=")
-        if key not in ("l2", "lr", "momentum", "lr_decay", "step_decay", "rank", "init_std"):
+        if key not in ("l2", "lr", "momentum", "lr_decay", "rank", "init_std"):
             raise SystemExit(f"--candidate: unknown field {key!r}")
         out[key] = int(value) if key == "rank" else float(value)
     return out
 
 
-def for_fleet(candidate: dict, workers: int) -> dict:
-    """The hyper-parameters a candidate means at ``workers`` workers (see parse_candidate)."""
-    hyper = {k: v for k, v in candidate.items() if k != "step_decay"}
-    if "step_decay" in candidate:
-        hyper["lr_decay"] = round(candidate["step_decay"] ** (1 / workers), 6)
-    return hyper
-
-
 def main(argv=None):
+    global RUNS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--datasets",
@@ -462,14 +467,19 @@ def main(argv=None):
         action="append",
         default=[],
         metavar="K=V,...",
-        help="proposed defaults to score like the current ones (repeatable), e.g. l2=0.1,lr=0.04; "
-        "step_decay=D: a learning-rate decay of D per (parts) steps, not per epoch",
+        help="proposed defaults to score like the current ones (repeatable), e.g. l2=0.1,lr=0.04",
     )
     ap.add_argument(
         "--candidate-model", default="pmf", choices=["pmf", "sparse_lr"], help="which model the candidates are for"
     )
+    ap.add_argument("--runs", type=Path, help=f"where the jobs' folders go (default {RUNS}): one per concurrent bench")
     ap.add_argument("--json", help="output JSON (default bench/results/quality[-quick].json)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="only merge these results files into --json")
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.json)
+    if args.runs:
+        RUNS = args.runs
 
     names = args.datasets.split(",") + (["ml-10m"] if args.with_ml10m else [])
     workers_list = [int(w) for w in args.workers.split(",")]
@@ -497,7 +507,7 @@ def main(argv=None):
             for k, hyper in enumerate(candidates):
                 if args.candidate_model == model:
                     arms[f"candidate{k}"] = scored(
-                        data, workers, for_fleet(hyper, workers), epochs, f"{tag}/candidate{k}"
+                        data, workers, hyper, epochs, f"{tag}/candidate{k}"
                     )
             if not args.no_tune:
                 arms["tuned"] = tune_ebb(data, workers, (QUICK_GRIDS if args.quick else GRIDS)[model], epochs)
@@ -508,21 +518,7 @@ def main(argv=None):
             rows.append(_row(data, None, "torch", reference, reference))
             details.append({"dataset": name, "workers": None, "torch": reference})
     print()
-    print_table(
-        rows,
-        [
-            ("dataset", "dataset"),
-            ("workers", "P"),
-            ("arm", "method"),
-            ("floor", "floor"),
-            ("test_at_10", "test @10 ep"),
-            ("test_at_best_val", "test @val-best"),
-            ("best_epoch", "epoch"),
-            ("vs_torch_pct", "vs torch %"),
-            ("best_test", "best test"),
-            ("hyper", "hyper-parameters"),
-        ],
-    )
+    print_table(rows, TABLE)
     write_json(
         "quality-quick" if args.quick else "quality",
         {
@@ -538,6 +534,32 @@ def main(argv=None):
         },
         args.json,
     )
+
+
+TABLE = [
+    ("dataset", "dataset"),
+    ("workers", "P"),
+    ("arm", "method"),
+    ("floor", "floor"),
+    ("test_at_10", "test @10 ep"),
+    ("test_at_best_val", "test @val-best"),
+    ("best_epoch", "epoch"),
+    ("vs_torch_pct", "vs torch %"),
+    ("best_test", "best test"),
+    ("hyper", "hyper-parameters"),
+]
+
+
+def merge(paths: list[str], out: str | None) -> None:
+    """One results file from runs split over processes (e.g. one per dataset, side by side)."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    merged = {k: v for k, v in parts[0].items() if k != "machine"}
+    for key in ("rows", "details"):
+        merged[key] = [x for p in parts for x in p[key]]
+    merged["datasets"] = {n: d for p in parts for n, d in p["datasets"].items()}
+    merged["merged_from"] = paths
+    print_table(merged["rows"], TABLE)
+    write_json("quality", merged, out)
 
 
 def _row(data: dict, workers: int | None, arm: str, r: dict, reference: dict | None) -> dict:

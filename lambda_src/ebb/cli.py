@@ -144,6 +144,7 @@ def cmd_train(args) -> int:
     from ebb.engine.outputs import write_outputs
     from ebb.local.progress import ProgressSink
     from ebb.engine.preflight import PreflightError
+    from ebb.engine.worker import EngineError, load_manifest
     from ebb.local.runner import JobFailed, run_local
     from ebb.models import LOSS_NAMES
     from ebb.stores import open_object_store
@@ -178,7 +179,11 @@ def cmd_train(args) -> int:
         )
         return 2
     torch.set_num_threads(1)
-    sink = ProgressSink(spec.stop.max_epochs, LOSS_NAMES[spec.model])
+    try:
+        has_val = bool(load_manifest(data).val.parts)
+    except (EngineError, ValueError):  # a bad manifest: the preflight check below says what is wrong
+        has_val = False
+    sink = ProgressSink(spec.epoch_limit(has_val), LOSS_NAMES[spec.model])
     started = time.monotonic()
     try:
         report, _ = run_local(spec, sink, resume=bool(args.resume))
@@ -310,13 +315,14 @@ def cmd_synth(args) -> int:
 
 
 def _add_prepare(sub) -> None:
+    from ebb.spec import DEFAULT_VAL_FRACTION
+
     p = sub.add_parser(
         "prepare",
         help="parse, shuffle, split and cut a dataset into minibatches",
-        description="Parse a dataset (streamed; any size), shuffle it with a seed, split train/test "
-        "(and validation, with --val-fraction) and write fixed-size minibatches plus "
-        "manifest.json into OUT. Inputs and OUT may be on S3 (s3://bucket/...); boto3's "
-        "usual configuration applies (credentials, region, AWS_ENDPOINT_URL).",
+        description="Parse a dataset (streamed; any size), shuffle it with a seed, split train / validation "
+        "/ test and write fixed-size minibatches plus manifest.json into OUT. Inputs and OUT may be on S3 "
+        "(s3://bucket/...); boto3's usual configuration applies (credentials, region, AWS_ENDPOINT_URL).",
     )
     p.add_argument("--format", required=True, choices=["movielens", "criteo", "libsvm", "csv"])
     p.add_argument(
@@ -343,9 +349,9 @@ def _add_prepare(sub) -> None:
     p.add_argument(
         "--val-fraction",
         type=float,
-        default=0.0,
+        default=DEFAULT_VAL_FRACTION,
         help="share of the input held out as a validation split (val/part-NNNNNN), apart from train and "
-        "test, for choosing hyper-parameters and when to stop (default 0: none)",
+        f"test, for choosing hyper-parameters and when to stop (default {DEFAULT_VAL_FRACTION:g}; 0: none)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-bad-rows", action="store_true", help="count and skip malformed rows instead of stopping")

@@ -16,11 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 ModelName = Literal["pmf", "sparse_lr", "lr"]
 
-# Defaults per model that train well on standard data (MovieLens-100k, Criteo samples)
-# without tuning; a field left unset in the spec takes the value for its model.
+# Defaults per model that train well without tuning; a field left unset in the spec takes
+# the value for its model. Chosen with bench/quality.py on MovieLens-shaped ratings
+# (ml-100k, ml-latest-small) and Criteo-shaped rows against a tuned torch reference, and
+# checked on the planted generators (README, "Picking hyper-parameters").
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "pmf": {"rank": 20, "lr": 0.04, "momentum": 0.8, "l2": 0.05, "init_std": 0.1, "lr_decay": 0.9},
-    "sparse_lr": {"lr": 0.02, "l2": 1e-6, "lr_decay": 1.0},
+    "pmf": {"rank": 20, "lr": 0.02, "momentum": 0.8, "l2": 0.1, "init_std": 0.1, "lr_decay": 0.95},
+    "sparse_lr": {"lr": 0.01, "l2": 3e-5, "lr_decay": 1.0},
     "lr": {"lr": 0.05, "l2": 1e-5, "lr_decay": 1.0},
 }
 # The optimiser each model trains with when hyper.optimizer is unset (PMF offers both), and
@@ -28,6 +30,21 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
 # whatever the gradient's scale, so SGD's default lr means something else to it.
 OPTIMIZER_DEFAULTS: dict[str, str] = {"pmf": "sgd_momentum", "sparse_lr": "adam", "lr": "adam"}
 PMF_ADAM_LR = 0.03
+
+
+# Share of the rows `ebb prepare` (and a job's `prepare` section) holds out for validation
+# unless told otherwise: enough for early stopping to see a smooth curve on 100k ratings.
+DEFAULT_VAL_FRACTION = 0.1
+
+
+# stop.max_epochs when unset. With a validation split early stopping ends a job and this is
+# a backstop, × the initial workers: at P workers an epoch does 1/P to 1 epochs of one
+# worker's work (ISP averages the workers' proposals; docs/ARCHITECTURE.md). Without one
+# nothing watches for overfitting: then about the epochs after which each model's defaults
+# stop improving at one worker on the bench's data, not scaled, as running short is safer
+# than overfitting (sparse LR at 8 workers × 5 epochs: log-loss 0.585; best 0.50).
+MAX_EPOCHS_WITH_VAL = 100
+MAX_EPOCHS_WITHOUT_VAL = {"pmf": 30, "sparse_lr": 5, "lr": 10}
 
 
 class _Strict(BaseModel):
@@ -45,7 +62,8 @@ class HyperParams(_Strict):
     momentum: float | None = Field(None, ge=0, lt=1, description="Nesterov momentum (PMF, sgd_momentum)")
     l2: float | None = Field(None, ge=0, description="L2 regularisation")
     init_std: float | None = Field(None, gt=0, le=10, description="std of the initial factors (PMF)")
-    lr_decay: float | None = Field(None, gt=0, le=1, description="learning rate × this at each epoch")
+    lr_decay: float | None = Field(None, gt=0, le=1, description="learning rate × this every `minibatches` steps "
+                                     "(an epoch at one worker)")
 
 
 class SyncSpec(_Strict):
@@ -72,7 +90,10 @@ class StopSpec(_Strict):
                                    "epoch with a validation split, 50 with target_test; 0: never)")
     patience_evals: int = Field(5, ge=1, description='validation: no better for this many scorings: "early_stopped"')
     min_delta: float = Field(1e-4, ge=0, description="... where better means lower by this share at least")
-    max_epochs: float = Field(10, gt=0, description="passes over the training data")
+    max_epochs: float | None = Field(None, gt=0, description="passes over the training data (default: "
+                                     f"{MAX_EPOCHS_WITH_VAL} × workers with a validation split, where early "
+                                     "stopping ends a job first; without one " + ", ".join(
+                                         f"{m} {n}" for m, n in MAX_EPOCHS_WITHOUT_VAL.items()) + ")")
     max_seconds: float = Field(3600, gt=0, description="job time, across rounds")
     budget_usd: float | None = Field(None, gt=0, description="stop before the estimated AWS cost would pass this")
 
@@ -127,7 +148,8 @@ class PrepareSpec(_Strict):
     test_input: str | None = Field(None, description="a separate test file (else test_fraction of the input)")
     batch_size: int = Field(6250, ge=1, description="rows per minibatch (MLLess: 6,250)")
     test_fraction: float = Field(0.1, ge=0, lt=1, description="share of the rows held out for test")
-    val_fraction: float = Field(0.0, ge=0, lt=1, description="share held out as a validation split (early stopping)")
+    val_fraction: float = Field(DEFAULT_VAL_FRACTION, ge=0, lt=1, description="share held out as a validation "
+                                "split (early stopping; 0: none)")
     seed: int = Field(0, description="the shuffle's seed")
     skip_bad_rows: bool = Field(False, description="count and skip malformed rows instead of stopping")
     num_features: int = Field(100_000, ge=1, description="hashing-trick dimension (criteo)")
@@ -206,6 +228,12 @@ class JobSpec(_Strict):
         if self.sync.mode == "ssp" and self.scaling.policy != "none" and self.workers > 1:
             raise ValueError("scaling.policy must be 'none' with sync.mode 'ssp' (workers change only at a barrier)")
         return self
+
+    def epoch_limit(self, has_val: bool) -> float:
+        """``stop.max_epochs``, or its default for data with (or without) a validation split."""
+        if self.stop.max_epochs is not None:
+            return self.stop.max_epochs
+        return MAX_EPOCHS_WITH_VAL * self.workers if has_val else MAX_EPOCHS_WITHOUT_VAL[self.model]
 
     @property
     def out_location(self) -> str:

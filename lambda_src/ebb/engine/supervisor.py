@@ -159,6 +159,7 @@ class Supervisor:
         self._step_s: float | None = None
         self.sync_by_step: dict[int, list[float]] = {}
         self._new_test: float | None = None  # a test scoring not yet shown to the sink
+        self._early_tests: dict[int, tuple[str, float]] = {}  # scorings of steps not closed yet
         self._staged: dict[int, Directive] = {}  # released directives of steps not yet closed
         self.handling_ms: list[float] = []  # per closed step: the supervisor's own work for it
         self._last_progress = 0.0  # round time of the last closed step: how long we have waited
@@ -398,6 +399,8 @@ class Supervisor:
         if step < len(self.history):
             self.history[step][split] = value
             self.history[step]["eval_seconds_total"] = round(self.eval_seconds, 4)
+        else:  # taken in the same batch of reports as its own step's: recorded when that step closes
+            self._early_tests[step] = (split, value)
         if split == "val":  # early stopping: the same rule the scoring worker used to keep its best replica
             best = self.best
             if best is None or value < best["value"] * (1 - self.spec.stop.min_delta):
@@ -468,6 +471,9 @@ class Supervisor:
         }
         cost = self.cost()
         record["cost_usd"] = cost["total_usd"]
+        if (early := self._early_tests.pop(k, None)) is not None:
+            record[early[0]] = early[1]
+            record["eval_seconds_total"] = round(self.eval_seconds, 4)
         self.history.append(record)
 
         self.senders[k] = sorted(w for w, r in reports.items() if r.sent_bytes)
@@ -567,7 +573,7 @@ class Supervisor:
             self.at_target = self.at_target + 1 if loss <= stop.target_loss else 0
             if self.at_target >= stop.patience:
                 return "converged"
-        if epoch_next >= stop.max_epochs:
+        if epoch_next >= self.spec.epoch_limit(bool(self.manifest.val.parts)):
             return "max_epochs"
         if elapsed >= stop.max_seconds:
             return "max_time"

@@ -300,9 +300,13 @@ class Worker:
         for n, p in self.model.params.items():
             p.copy_(torch.from_numpy(arrays[n]))
 
-    def _set_lr(self, position: int) -> None:
-        epoch = position // self.sequence.num_parts
-        lr = self.base_lr * self.spec.hyper.lr_decay**epoch
+    def _set_lr(self) -> None:
+        # The decay follows steps, not passes over the data: once every `minibatches` steps
+        # (an epoch at one worker). A step moves a row by the mean of its touchers'
+        # proposals, about as far as one worker's step, so at P workers an epoch advances
+        # the model about as much as 1/P of one worker's epoch; decaying per epoch froze an
+        # 8-worker job before it had converged.
+        lr = self.base_lr * self.spec.hyper.lr_decay ** (self.step // self.sequence.num_parts)
         if self.spec.scaling.scale_lr and len(self.members) < self.spec.workers:
             # Linear scaling rule: a row's step is the mean of its touchers' proposals, so
             # a smaller fleet would take equally long but noisier steps and settle on a
@@ -369,7 +373,7 @@ class Worker:
         t = self.step
         self.timer.start()
         position = position_of(self.cursor, self.members, self.me)
-        self._set_lr(position)
+        self._set_lr()
         batch = self.parts.get(self.sequence.part_at(position))
         self.timer.lap("fetch")
         loss_sum, samples, update = self.model.local_update(batch)
