@@ -133,7 +133,8 @@ def test_validate_names_the_bad_field_and_the_prepare_state_prepares(deployment,
     state = invoke("validate", {"spec": spec, "execution": "prep-1"}, d["env"])
     assert state["prepare"] is True and state["workers"] == [0, 1]
     prepared = invoke("prepare", {"job_id": state["job_id"], "spec_key": state["spec_key"]}, d["env"])
-    assert prepared["train_rows"] + prepared["test_rows"] == 3000 and prepared["train_parts"] >= 5
+    assert prepared["train_rows"] + prepared["val_rows"] + prepared["test_rows"] == 3000
+    assert prepared["val_rows"] == 300 and prepared["train_parts"] >= 5
     manifest = json.loads(_stored(d, "datasets/fresh/manifest.json"))
     assert manifest["source"]["input"] == f"s3://{d['bucket']}/raw/r.csv"
 

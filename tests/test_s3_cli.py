@@ -11,6 +11,7 @@ import pytest
 
 from aws_helpers import unique_bucket
 from ebb.data.prepare import prepare_dataset
+from ebb.spec import DEFAULT_VAL_FRACTION
 from ebb.stores.local import FolderObjectStore
 
 PREPARE = ["prepare", "--format", "movielens", "--batch-size", "1000", "--seed", "3"]
@@ -87,18 +88,20 @@ def test_prepare_writes_to_and_reads_from_s3(moto_s3, s3_env, ratings_csv, tmp_p
     assert f"-> s3://{bucket}/datasets/ml" in local_input.stdout
 
     # The same preparation into a folder, in-process: what the bucket must hold, byte for byte.
-    expected = prepare_dataset("movielens", ratings_csv, FolderObjectStore(tmp_path / "ref"), batch_size=1000, seed=3)
+    expected = prepare_dataset("movielens", ratings_csv, FolderObjectStore(tmp_path / "ref"), batch_size=1000, seed=3,
+                               val_fraction=DEFAULT_VAL_FRACTION)  # ebb prepare's default
     for prefix, source in (
         ("datasets/ml", str(ratings_csv)),
         ("datasets/ml-from-s3", f"s3://{bucket}/raw/ml/ratings.csv"),
     ):
         manifest = json.loads(stored(moto_s3, bucket, f"{prefix}/manifest.json"))
-        parts = manifest["train"]["parts"] + manifest["test"]["parts"]
+        parts = manifest["train"]["parts"] + manifest["val"]["parts"] + manifest["test"]["parts"]
         assert len(manifest["train"]["parts"]) == len(expected.train.parts) >= 5
         assert sum(p["rows"] for p in parts) == 6000
         for part in parts:
             assert hashlib.sha256(stored(moto_s3, bucket, f"{prefix}/{part['key']}")).hexdigest() == part["sha256"]
-        assert [p["sha256"] for p in parts] == [p.sha256 for p in expected.train.parts + expected.test.parts]
+        reference = expected.train.parts + expected.val.parts + expected.test.parts
+        assert [p["sha256"] for p in parts] == [p.sha256 for p in reference]
         assert manifest["source"]["input"] == source  # the URL, not the temporary copy
         listed = moto_s3.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/")["Contents"]
         assert sorted(o["Key"] for o in listed) == sorted(
@@ -196,7 +199,7 @@ def test_train_reads_and_writes_s3_through_rounds(moto_s3, s3_env, ratings_csv):
     assert train.returncode == 0, train.stderr
     assert f"report: s3://{bucket}/jobs/j1/report.json" in train.stdout
     report = json.loads(stored(moto_s3, bucket, "jobs/j1/report.json"))
-    assert report["status"] == "max_epochs" and report["rounds"] >= 2, report.get("rounds")
+    assert report["status"] in ("max_epochs", "early_stopped") and report["rounds"] >= 2, report.get("rounds")
     assert report["test_metrics"]["rmse"] < 1.5 and report["files"]["model"] == "model.npz"
     assert stored(moto_s3, bucket, "jobs/j1/model.npz")[:2] == b"PK"  # an npz (zip) archive
     assert stored(moto_s3, bucket, "jobs/j1/loss.png")[:4] == b"\x89PNG"

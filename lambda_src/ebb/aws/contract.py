@@ -35,6 +35,7 @@ class PrepareResult(BaseModel):
     manifest_key: str
     train_parts: int
     train_rows: int
+    val_rows: int = 0
     test_rows: int
 
 

@@ -20,4 +20,5 @@ def handler(event: dict, context) -> dict:
     manifest = prepare_from_spec(job.spec.prepare, job.data)
     logger.info("dataset prepared", extra={"train_parts": len(manifest.train.parts), "data": job.spec.data})
     return PrepareResult(manifest_key=f"{job.spec.data}/manifest.json", train_parts=len(manifest.train.parts),
-                         train_rows=manifest.train.rows, test_rows=manifest.test.rows).model_dump()
+                         train_rows=manifest.train.rows, test_rows=manifest.test.rows,
+                         val_rows=manifest.val.rows).model_dump()
