@@ -194,25 +194,15 @@ class RedisInNetns:
     def start(self) -> RedisInNetns:
         import redis
 
-        from ebb.local.redis_server import die_with_parent, redis_binary
+        from ebb.local.redis_server import die_with_parent, redis_binary, wait_until_ready
 
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", ns_name("redis"), redis_binary(), "--port", str(REDIS_PORT), "--bind", REDIS_IP,
              "--save", "", "--appendonly", "no", "--dir", "/tmp", "--protected-mode", "yes",
              "--requirepass", self.password, "--loglevel", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent)
-        client = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                return self
-            except redis.ConnectionError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server exited at start: {self.proc.stderr.read().decode()}") from None
-                if time.monotonic() > deadline:
-                    raise RuntimeError("redis-server in the namespace not ready after 10 s") from None
-                time.sleep(0.02)
+        wait_until_ready(self.proc, redis.Redis.from_url(self.url), 10, "in its network namespace")
+        return self
 
     def stop(self) -> None:
         from ebb.local.redis_server import stop_process

@@ -54,6 +54,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_ready(proc: subprocess.Popen, client: redis.Redis, timeout: float, where: str) -> None:
+    """Wait until a just-started redis-server answers PING; RuntimeError if it exits or is late."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client.ping()
+            return
+        except redis.ConnectionError:
+            if proc.poll() is not None:
+                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+                raise RuntimeError(f"redis-server exited at start: {err.strip()}") from None
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server not ready {where} after {timeout:g} s") from None
+            time.sleep(0.01)
+
+
 class RedisServer:
     """``with RedisServer() as srv: srv.url`` — started on enter, stopped (by pid) on exit."""
 
@@ -77,19 +93,12 @@ class RedisServer:
             # Its own session: a terminal's Ctrl-C must not stop it before the workers are stopped.
             start_new_session=True, preexec_fn=die_with_parent)
         client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                client.ping()
-                return self
-            except redis.ConnectionError:
-                if self.proc.poll() is not None:
-                    err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-                    raise RuntimeError(f"redis-server exited at start: {err.strip()}") from None
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"redis-server not ready on port {self.port} after {timeout} s") from None
-                time.sleep(0.01)
+        try:
+            wait_until_ready(self.proc, client, timeout, f"on port {self.port}")
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
 
     def stop(self) -> None:
         if self.proc:
