@@ -100,6 +100,16 @@ class RedisServer:
             raise
         return self
 
+    def answers(self, timeout: float = 2.0) -> bool:
+        """Running and answering PING within ``timeout`` seconds."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        try:
+            return bool(redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=timeout,
+                                    socket_connect_timeout=timeout).ping())
+        except redis.RedisError:
+            return False
+
     def stop(self) -> None:
         if self.proc:
             stop_process(self.proc)

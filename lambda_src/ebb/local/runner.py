@@ -205,7 +205,8 @@ class _Backend:
         """A fresh namespace for the round's next attempt (nothing of the lost one is read),
         after making sure the update store works again; says how it came back."""
         how = "its workers start again"
-        if store_lost and self.server is not None and self.server.proc.poll() is not None:
+        if store_lost and self.server is not None and not self.server.answers():
+            self.server.stop()  # dead, or dying (a SIGKILL is not reaped at once): never read again
             self.server = self.stack.enter_context(RedisServer())
             self.urls = [self.server.url]
             how = f"the job's redis-server had died: a new one runs on {self.server.url}"
