@@ -233,20 +233,56 @@ def _probe_child(url: str, worker: int, mb: int, pings: int, out) -> None:
         t0 = time.perf_counter()
         assert len(r.get(key)) == len(blob)
         downs.append(mb / (time.perf_counter() - t0))
-    # A step moves far less than 20 MB at a time: the rate a transfer of each size gets
-    # (TCP against the bucket), SET and GET alike, for the clock's link at a step's size.
-    sized = {}
-    for size in SIZED_PROBE_BYTES:
-        small, rates = blob[:size], []
-        for _ in range(20):
-            t0 = time.perf_counter()
-            r.set(key, small)
-            r.get(key)
-            rates.append(2 * size / 1e6 / (time.perf_counter() - t0))
-        sized[size] = statistics.median(rates)
     r.delete(key)
     out.send({"rtt_ms_median": 1e3 * statistics.median(rtts), "rtt_ms_p90": 1e3 * sorted(rtts)[int(0.9 * pings)],
-              "up_mb_s": statistics.median(ups), "down_mb_s": statistics.median(downs), "sized_mb_s": sized})
+              "up_mb_s": statistics.median(ups), "down_mb_s": statistics.median(downs)})
+
+
+def _sized_child(url: str, worker: int, barrier, out, repeats: int = 20) -> None:
+    """In worker ``worker``'s namespace, in step with every other worker's child: SET then
+    GET a payload of each size at the same moment as the others, as a barrier step moves
+    its bytes (every link busy, the one redis-server serving them all)."""
+    import redis
+
+    enter_worker_netns(worker)
+    r = redis.Redis.from_url(url, socket_timeout=60)
+    r.ping()
+    blob, key, rates = os.urandom(max(SIZED_PROBE_BYTES)), f"sized-{worker}", {}
+    for size in SIZED_PROBE_BYTES:
+        samples = []
+        for _ in range(repeats):
+            barrier.wait()
+            t0 = time.perf_counter()
+            r.set(key, blob[:size])
+            took = time.perf_counter() - t0
+            barrier.wait()
+            t0 = time.perf_counter()
+            r.get(key)
+            took += time.perf_counter() - t0
+            samples.append(2 * size / 1e6 / took)
+        rates[size] = statistics.median(samples)
+    r.delete(key)
+    out.send(rates)
+
+
+def sized_probe(url: str, workers: int) -> dict[int, float]:
+    """A step moves far less than 20 MB at a time, and every worker moves its bytes at once:
+    the rate one worker's SET + GET of each size gets then (TCP against the bucket, the
+    shared redis-server), the mean over workers, MB/s."""
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(workers)
+    pipes, procs = [], []
+    for w in range(workers):
+        recv, send = ctx.Pipe(duplex=False)
+        procs.append(ctx.Process(target=_sized_child, args=(url, w, barrier, send), daemon=True))
+        pipes.append(recv)
+        procs[-1].start()
+    for p in procs:
+        p.join(300)
+    if any(p.exitcode != 0 for p in procs) or not all(r.poll() for r in pipes):
+        raise RuntimeError("the concurrent transfer probe failed")
+    per_worker = [r.recv() for r in pipes]
+    return {size: statistics.mean(rates[size] for rates in per_worker) for size in SIZED_PROBE_BYTES}
 
 
 SIZED_PROBE_BYTES = (16_000, 64_000, 256_000, 1_000_000)
@@ -424,13 +460,13 @@ def print_summary(summary: list[dict]) -> str:
                           ("error_pct_calibrated", "calibrated error %"),
                           ("job_cpu_share", "job's core share")])
     shaped = [r for r in summary if r["link"] != "unshaped"]
-    worst = max(abs(r["error_pct"]) for r in shaped)
-    verdict = (f"shaped links: largest |error| of the mean over runs {worst:.1f}% (target ≤ 15%): "
-               f"{'met' if worst <= 15 else 'missed'}; "
-               f"{sum(abs(r['error_pct']) <= 15 for r in shaped)} of {len(shaped)} cells within 15%")
     sized = [abs(r["error_pct_sized"]) for r in shaped]
-    verdict += (f"; with the link measured at the step's transfer size: largest |error| {max(sized):.1f}% "
-                f"({sum(e <= 15 for e in sized)} of {len(shaped)} cells within 15%)")
+    nominal = [abs(r["error_pct"]) for r in shaped]
+    verdict = (f"shaped links, the clock's link measured as a step uses it (every worker moving its step's bytes "
+               f"at once): largest |error| {max(sized):.1f}% (target ≤ 15%): "
+               f"{'met' if max(sized) <= 15 else 'missed'}; "
+               f"{sum(e <= 15 for e in sized)} of {len(shaped)} cells within 15%; with the tbf rate as the link: "
+               f"largest |error| {max(nominal):.1f}%, {sum(e <= 15 for e in nominal)} within 15%")
     calibrated = [r["error_pct_calibrated"] for r in shaped if "error_pct_calibrated" in r]
     if calibrated:
         verdict += (f"; with the unshaped run's per-step overhead added: largest |error| "
@@ -625,7 +661,8 @@ def main(argv=None) -> None:
         probes = []
         for link in [None, *parse_rates(args.links)]:
             net.shape(link, args.node_mb_s)
-            row = {"link_mb_s": link, "burst_bytes": link and burst_bytes(link, args.burst_ms), **probe(redis_srv.url)}
+            row = {"link_mb_s": link, "burst_bytes": link and burst_bytes(link, args.burst_ms), **probe(redis_srv.url),
+                   "sized_mb_s": sized_probe(redis_srv.url, args.workers)}
             if not args.probe:
                 row.update(release_probe(args, redis_srv.url, link, row["rtt_ms_median"]))
             probes.append(row)
@@ -661,7 +698,7 @@ def main(argv=None) -> None:
     summary = summarise(rows)
     print()
     verdict = print_summary(summary)
-    worst = max(abs(r["error_pct"]) for r in summary if r["link"] != "unshaped")
+    worst = max(abs(r["error_pct_sized"]) for r in summary if r["link"] != "unshaped")
     write_json("fleet_proof" if args.model == "pmf" else f"fleet_proof-{args.model}", {
         "method": {"model": args.model, "shape": args.shape if args.model == "pmf" else "criteo-shaped",
                    "workers": args.workers, "steps": args.steps, "burst_ms": args.burst_ms,
