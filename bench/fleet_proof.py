@@ -576,13 +576,14 @@ def run_one(args, data_dir: str, redis_url: str, redis_pid: int, link: float, pr
         # client's CPU for those bytes, which cpu_seconds counts too): the other way to set it.
         "fleet_s_measured_link": replay(recorder.reports, Links(measured_link, rtt_ms, node, 0.0,
                                                                 probe_row["barrier_ms"]), slack),
-        # The link as a step uses it: the probe's rate for transfers of the step's mean size
-        # (shaped links only; an unshaped veth is not the bound).
+        # The link as a step uses it: the concurrent probe's rate for transfers of the step's
+        # mean size. Unshaped too: there the bound is the one redis-server serving every
+        # worker at once (a cache node's CPU, which a fleet's node has as well).
         "transfer_kb": mean_transfer_bytes(recorder.reports) / 1e3,
-        "clock_link_sized_mb_s": sized_link(probe_row, mean_transfer_bytes(recorder.reports)) if link else None,
+        "clock_link_sized_mb_s": sized_link(probe_row, mean_transfer_bytes(recorder.reports)),
         "fleet_s_sized_link": replay(recorder.reports, Links(
-            sized_link(probe_row, mean_transfer_bytes(recorder.reports)) if link else link_payload,
-            rtt_ms, node, 0.0, probe_row["barrier_ms"]), slack),
+            sized_link(probe_row, mean_transfer_bytes(recorder.reports)), rtt_ms, node, 0.0,
+            probe_row["barrier_ms"]), slack),
         # Where a worker's real step went (median ms per phase over its reports): the wall
         # time the fleet clock is to explain.
         "phase_ms_median": phase_ms(recorder.reports, statistics.median),

@@ -173,6 +173,23 @@ def test_a_redis_server_that_dies_mid_job_is_replaced_and_the_round_run_again(sm
     assert [p for p in psutil.Process().children() if p.name() == "redis-server" and p.pid not in others] == []
 
 
+def test_a_redis_server_that_is_killed_or_stopped_no_longer_answers():
+    """What the runner asks before replacing its own server: a SIGKILLed one may not be
+    reaped yet, and a stopped one still has a pid; neither answers."""
+    from ebb.local.redis_server import RedisServer
+
+    with RedisServer() as server:
+        assert server.answers()
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            assert not server.answers(timeout=0.3)
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        assert server.answers()
+        server.proc.kill()
+        assert not server.answers(timeout=0.3)
+
+
 def test_an_external_redis_that_does_not_come_back_fails_the_job_in_one_line(small_ratings, tmp_path, monkeypatch):
     import ebb.local.runner as runner
     from ebb.local.redis_server import RedisServer

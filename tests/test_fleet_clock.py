@@ -130,7 +130,16 @@ def replayed(report) -> WorkerStep:
 def test_a_local_run_on_the_fleet_clock_reports_it_and_its_history_sums_its_steps(small_ratings, tmp_path):
     data_dir, _ = small_ratings
     spec = _fleet_spec(data_dir, tmp_path / "run")
-    report, _ = run_local(spec)
+    seen = []
+
+    def recording(report):
+        seen.append(report)
+        return WorkerStep.of(report)
+
+    report, _ = run_local(spec, measure_of=recording)
+    # Each worker says what part of its CPU went into the update store's calls (it moved bytes: some).
+    assert all(0.0 <= r.io_cpu_seconds <= r.cpu_seconds for r in seen)
+    assert sum(r.io_cpu_seconds for r in seen) > 0 and all(r.sent_bytes and r.requests for r in seen)
     assert report["clock"]["kind"] == "fleet" and report["clock"]["link_mb_s"] == 75.0
     history = report["history"]
     assert report["rounds"] > 1  # the fleet time survived rounds
