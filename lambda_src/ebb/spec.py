@@ -33,8 +33,9 @@ PMF_ADAM_LR = 0.03
 
 # How a step's updates meet (sync.combine) when unset. mean: a row moves by the mean of
 # its touchers' proposals, about one worker's step, so an epoch at P workers advances it
-# about 1/P of one worker's epoch (PMF + SGD: summing P momentum steps overshot,
-# ml-latest-small-shaped val RMSE 0.834 against 0.832 for the mean). sum: every proposal
+# about 1/P to 1 of one worker's epoch (PMF + SGD: summing 4 workers' momentum steps
+# stopped improving at ml-latest-small-shaped val RMSE 0.834; the mean goes on to 0.830).
+# sum: every proposal
 # is added, as if the workers had taken their steps one after another, so an epoch does
 # one worker's epoch of progress at any P. Sparse LR trains by Adam, whose proposal is a
 # step of about lr whatever the gradient: the mean of P of them moved the features every
@@ -51,10 +52,11 @@ DEFAULT_VAL_FRACTION = 0.1
 
 # stop.max_epochs when unset. With a validation split early stopping ends a job and this is
 # a backstop, × the initial workers: at P workers an epoch does 1/P to 1 epochs of one
-# worker's work (ISP averages the workers' proposals; docs/ARCHITECTURE.md). Without one
-# nothing watches for overfitting: then about the epochs after which each model's defaults
-# stop improving at one worker on the bench's data, not scaled, as running short is safer
-# than overfitting (sparse LR at 8 workers × 5 epochs: log-loss 0.585; best 0.50).
+# worker's work under sync.combine mean (docs/ARCHITECTURE.md). Without one nothing
+# watches for overfitting: then about the epochs after which each model's defaults stop
+# improving at one worker on the bench's data, not scaled, as running short is safer than
+# overfitting (sparse LR at 8 workers × 5 epochs, when it combined by the mean: log-loss
+# 0.585; best 0.50).
 MAX_EPOCHS_WITH_VAL = 100
 MAX_EPOCHS_WITHOUT_VAL = {"pmf": 30, "sparse_lr": 5, "lr": 10}
 
