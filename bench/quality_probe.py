@@ -53,6 +53,8 @@ PROBES = {
     "m1-batch4000-25": dict(data=MLS, workers=1, epochs=25, batch=4000),
     "m4-mean-80": dict(data=MLS, workers=4, epochs=80, **MEAN_PER_EPOCH),
     "m4-160": dict(data=MLS, workers=4, epochs=160),  # today's default: scored every 4 epochs
+    "m4-bsp-160": dict(data=MLS, workers=4, epochs=160, mode="bsp"),  # what is left: the ISP threshold?
+    "m4-v0.2-160": dict(data=MLS, workers=4, epochs=160, significance=0.2),
 }
 
 
@@ -65,7 +67,8 @@ def run(name: str, probe: dict, runs: Path) -> dict:
     job = {
         "name": f"probe-{name}", "model": data["model"], "data": str(data["val_view"]), "out": str(out), "seed": 0,
         "workers": probe["workers"], "hyper": {"lr": probe["lr"]} if "lr" in probe else {},
-        "sync": {"mode": probe.get("mode", "isp"), "quantize": probe.get("quantize", True)},
+        "sync": {"mode": probe.get("mode", "isp"), "quantize": probe.get("quantize", True),
+                 "significance": probe.get("significance", 0.7)},
         "scaling": {"policy": "none"}, "stop": {"max_epochs": probe["epochs"], "max_seconds": 7200},
     }
     if "sync.combine" in probe:
