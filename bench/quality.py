@@ -62,7 +62,8 @@ from ebb.data.synth import (  # noqa: E402
     synth_ratings,
     synth_shaped_ratings,
 )
-from ebb.spec import MODEL_DEFAULTS  # noqa: E402
+from ebb.engine.worker import default_eval_every  # noqa: E402
+from ebb.spec import COMBINE_DEFAULTS, MODEL_DEFAULTS, parse_spec  # noqa: E402
 from ebb.stores.local import FolderObjectStore  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "quality"
@@ -203,8 +204,11 @@ def ebb_run(data: dict, view: Path, workers: int, hyper: dict, max_epochs: float
         "hyper": hyper,
         "sync": {"mode": "isp"},
         "scaling": {"policy": "none"},
-        "stop": {"max_epochs": max_epochs, "eval_every": max(1, round(parts / workers)), "max_seconds": 7200},
+        "stop": {"max_epochs": max_epochs, "max_seconds": 7200},
     }
+    # The views hold no validation split, so the engine would not score by default: ask for
+    # its default cadence (one worker's epoch of progress; ebb.engine.worker.default_eval_every).
+    job["stop"]["eval_every"] = default_eval_every(parse_spec(job, "bench"), parts)
     shutil.rmtree(out, ignore_errors=True)  # ebb train refuses an --out that holds a run
     out.mkdir(parents=True)
     job_file = out / "job.yaml"
@@ -239,6 +243,30 @@ def best_point(curve: list[dict]) -> dict | None:
     return min(finite, key=lambda p: p["value"]) if finite else None
 
 
+def early_stopped(curve: list[dict]) -> tuple[dict | None, float | None]:
+    """What the engine's early stopping keeps from a validation curve, and the epoch it
+    stops at (None: it would not stop before the curve ends, i.e. the epoch cap ended it).
+
+    The supervisor's rule (``stop.patience_evals``, ``stop.min_delta`` at their defaults):
+    a scoring is better when lower than the best by ``min_delta`` of it; after
+    ``patience_evals`` scorings in a row that are not, the job stops, with the best model.
+    The curve's last point (the merged replicas at the cap) is not a periodic scoring."""
+    from ebb.spec import StopSpec
+
+    patience, min_delta = StopSpec.model_fields["patience_evals"].default, StopSpec.model_fields["min_delta"].default
+    best, since = None, 0
+    for p in curve:
+        if p["value"] is None or not math.isfinite(p["value"]):
+            since += 1
+        elif best is None or p["value"] < best["value"] * (1 - min_delta):
+            best, since = p, 0
+        else:
+            since += 1
+        if since >= patience:
+            return best, p["epoch"]
+    return best, None
+
+
 def at_step(curve: list[dict], step: int) -> float | None:
     return next((p["value"] for p in curve if p["step"] == step), None)
 
@@ -253,7 +281,7 @@ def scored(data: dict, workers: int, hyper: dict, epochs: float, tag: str) -> di
     """Validation curve → the epoch to keep → the test figure at that step (two runs)."""
     val = ebb_run(data, data["val_view"], workers, hyper, epochs, f"{tag}/val")
     test = ebb_run(data, data["test_view"], workers, hyper, epochs, f"{tag}/test")
-    chosen = best_point(val["curve"])
+    chosen, stopped_at = early_stopped(val["curve"])
     row = {
         "hyper": hyper,
         "val_status": val["status"],
@@ -267,6 +295,9 @@ def scored(data: dict, workers: int, hyper: dict, epochs: float, tag: str) -> di
             best_val=chosen["value"],
             best_epoch=chosen["epoch"],
             best_step=chosen["step"],
+            # Early stopping ended the run (at this epoch), or the epoch cap did ("cap":
+            # the curve may still have been improving; raise --epochs).
+            ended_by=f"stop@{stopped_at:g}" if stopped_at is not None else "cap",
             test_at_best_val=at_step(test["curve"], chosen["step"]),
             test_at_10=at_epoch(test["curve"], DEFAULT_EPOCHS),
             test_final=test["final"],
@@ -285,7 +316,7 @@ def tune_ebb(data: dict, workers: int, grid: dict, epochs: float) -> dict:
         hyper = dict(zip(keys, values))
         tag = f"{data['name']}/w{workers}/grid-" + "-".join(f"{k}{v:g}" for k, v in hyper.items())
         run = ebb_run(data, data["val_view"], workers, hyper, epochs, tag + "/val")
-        best = best_point(run["curve"])
+        best, _ = early_stopped(run["curve"])
         trials.append(
             {
                 "hyper": hyper,
@@ -459,6 +490,13 @@ def main(argv=None):
     ap.add_argument("--workers", default="1,4", help="fleet sizes (comma-separated)")
     ap.add_argument("--quick", action="store_true", help="smaller grids and fewer epochs")
     ap.add_argument("--epochs", type=float, help="epochs of every run (default 40 for PMF and 20 for LR; 25/12 quick)")
+    ap.add_argument(
+        "--scale-epochs",
+        action="store_true",
+        help="cap × workers for models whose updates combine by the mean (PMF: an epoch at P workers is about 1/P "
+        "of one worker's progress; the engine's own default is 100 × workers)",
+    )
+    ap.add_argument("--torch-epochs", type=int, help="epochs of the torch reference (default: --epochs' default)")
     ap.add_argument("--batch-size", type=int, help="minibatch of the prepared data (default per dataset)")
     ap.add_argument("--no-tune", action="store_true", help="skip the Ebb grid")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch reference")
@@ -499,18 +537,19 @@ def main(argv=None):
         reference = None
         if not args.no_torch:
             grid = (QUICK_TORCH_GRIDS if args.quick else TORCH_GRIDS)[model]
-            reference = tune_torch(data, grid, int(epochs))
+            reference = tune_torch(data, grid, args.torch_epochs or int(epochs))
         for workers in workers_list:
             tag = f"{name}/w{workers}"
+            cap = epochs * workers if args.scale_epochs and COMBINE_DEFAULTS[model] == "mean" else epochs
             print(f"-- {name} × {workers} workers", flush=True)
-            arms = {"default": scored(data, workers, {}, epochs, f"{tag}/default")}
+            arms = {"default": scored(data, workers, {}, cap, f"{tag}/default")}
             for k, hyper in enumerate(candidates):
                 if args.candidate_model == model:
                     arms[f"candidate{k}"] = scored(
-                        data, workers, hyper, epochs, f"{tag}/candidate{k}"
+                        data, workers, hyper, cap, f"{tag}/candidate{k}"
                     )
             if not args.no_tune:
-                arms["tuned"] = tune_ebb(data, workers, (QUICK_GRIDS if args.quick else GRIDS)[model], epochs)
+                arms["tuned"] = tune_ebb(data, workers, (QUICK_GRIDS if args.quick else GRIDS)[model], cap)
             for arm, r in arms.items():
                 rows.append(_row(data, workers, arm, r, reference))
             details.append({"dataset": name, "workers": workers, "arms": arms})
@@ -526,6 +565,7 @@ def main(argv=None):
             "val_fraction": VAL_FRACTION,
             "test_fraction": TEST_FRACTION,
             "candidates": candidates,
+            "argv": sys.argv[1:] if argv is None else list(argv),
             "rows": rows,
             "details": details,
             "datasets": {
@@ -544,6 +584,7 @@ TABLE = [
     ("test_at_10", "test @10 ep"),
     ("test_at_best_val", "test @val-best"),
     ("best_epoch", "epoch"),
+    ("ended_by", "ended"),
     ("vs_torch_pct", "vs torch %"),
     ("best_test", "best test"),
     ("hyper", "hyper-parameters"),
@@ -577,6 +618,7 @@ def _row(data: dict, workers: int | None, arm: str, r: dict, reference: dict | N
         "test_at_10": r.get("test_at_10"),
         "test_at_best_val": value,
         "best_epoch": r.get("best_epoch"),
+        "ended_by": r.get("ended_by"),
         "best_test": r.get("best_test"),
         "vs_torch_pct": vs,
         "final_epoch": r.get("final_epoch"),

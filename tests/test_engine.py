@@ -258,6 +258,42 @@ def test_row_mean_divides_by_the_workers_that_touched_a_row_under_isp():
     assert params["w"][[2, 4, 5, 6, 8]].abs().sum() == 0
 
 
+def test_row_sum_adds_every_contribution_undivided_in_order():
+    """sync.combine sum: each worker's proposal lands whole, as if the workers had taken
+    their steps one after another (sparse LR's default: Adam proposals are normalised steps)."""
+    from ebb.engine.aggregate import RowMean
+
+    own = RowUpdate({"w": (torch.tensor([0, 1]), torch.tensor([[2.0, 1.0], [4.0, 1.0]]))})
+    other_sent = RowUpdate(
+        {"w": (torch.tensor([1, 3]), torch.tensor([[0.0, 5.0], [6.0, 6.0]]))}, touched={"w": torch.tensor([1, 3, 7])}
+    )
+    received = RowUpdate.decode(other_sent.encode())  # masked rows travel as single entries
+    params = {"w": torch.zeros(9, 2)}
+    summed = RowMean(params, "sum")
+    summed.apply(params, [own, received])
+    assert params["w"][[0, 1, 3]].tolist() == [[2.0, 1.0], [4.0, 6.0], [6.0, 6.0]]
+    assert params["w"][[2, 4, 5, 6, 7, 8]].abs().sum() == 0
+    summed.apply(params, [own], scale=-1.0)
+    assert params["w"][[0, 1]].tolist() == [[0.0, 0.0], [0.0, 5.0]]
+    with pytest.raises(ValueError):
+        RowMean(params, "median")
+
+
+def test_default_scoring_cadence_is_one_workers_epoch_of_progress():
+    """With a validation split, scorings are an epoch at one worker's pace apart, so
+    patience_evals means the same at any fleet: under the mean (PMF) a step moves a row
+    about one worker's step, so num_parts steps; under the sum (sparse LR) an epoch."""
+    from ebb.engine.worker import default_eval_every
+    from ebb.spec import load_spec
+
+    def spec(model, workers):
+        return load_spec(overrides={"model": model, "data": "d", "workers": workers})
+
+    assert [default_eval_every(spec("pmf", p), 81) for p in (1, 4)] == [81, 81]
+    assert [default_eval_every(spec("sparse_lr", p), 81) for p in (1, 4)] == [81, 21]
+    assert spec("pmf", 4).sync.combine == "mean" and spec("sparse_lr", 4).sync.combine == "sum"
+
+
 def test_codec_masks_unsent_entries_and_packs_sorted_indices():
     from ebb.sparse import apply_update
 

@@ -31,6 +31,19 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
 OPTIMIZER_DEFAULTS: dict[str, str] = {"pmf": "sgd_momentum", "sparse_lr": "adam", "lr": "adam"}
 PMF_ADAM_LR = 0.03
 
+# How a step's updates meet (sync.combine) when unset. mean: a row moves by the mean of
+# its touchers' proposals, about one worker's step, so an epoch at P workers advances it
+# about 1/P to 1 of one worker's epoch (PMF + SGD: summing 4 workers' momentum steps
+# stopped improving at ml-latest-small-shaped val RMSE 0.834; the mean goes on to 0.830).
+# sum: every proposal
+# is added, as if the workers had taken their steps one after another, so an epoch does
+# one worker's epoch of progress at any P. Sparse LR trains by Adam, whose proposal is a
+# step of about lr whatever the gradient: the mean of P of them moved the features every
+# worker sees (the signal) 1/P as far while a rare feature (one toucher) moved a full
+# step, and 4 workers overfit sooner and worse (Criteo-shaped val log-loss 0.507, against
+# 0.496 summed and 0.496 at one worker; bench/quality.py, docs/RESULTS.md).
+COMBINE_DEFAULTS: dict[str, str] = {"pmf": "mean", "sparse_lr": "sum", "lr": "mean"}
+
 
 # Share of the rows `ebb prepare` (and a job's `prepare` section) holds out for validation
 # unless told otherwise: enough for early stopping to see a smooth curve on 100k ratings.
@@ -39,10 +52,11 @@ DEFAULT_VAL_FRACTION = 0.1
 
 # stop.max_epochs when unset. With a validation split early stopping ends a job and this is
 # a backstop, × the initial workers: at P workers an epoch does 1/P to 1 epochs of one
-# worker's work (ISP averages the workers' proposals; docs/ARCHITECTURE.md). Without one
-# nothing watches for overfitting: then about the epochs after which each model's defaults
-# stop improving at one worker on the bench's data, not scaled, as running short is safer
-# than overfitting (sparse LR at 8 workers × 5 epochs: log-loss 0.585; best 0.50).
+# worker's work under sync.combine mean (docs/ARCHITECTURE.md). Without one nothing
+# watches for overfitting: then about the epochs after which each model's defaults stop
+# improving at one worker on the bench's data, not scaled, as running short is safer than
+# overfitting (sparse LR at 8 workers × 5 epochs, when it combined by the mean: log-loss
+# 0.585; best 0.50).
 MAX_EPOCHS_WITH_VAL = 100
 MAX_EPOCHS_WITHOUT_VAL = {"pmf": 30, "sparse_lr": 5, "lr": 10}
 
@@ -62,8 +76,8 @@ class HyperParams(_Strict):
     momentum: float | None = Field(None, ge=0, lt=1, description="Nesterov momentum (PMF, sgd_momentum)")
     l2: float | None = Field(None, ge=0, description="L2 regularisation")
     init_std: float | None = Field(None, gt=0, le=10, description="std of the initial factors (PMF)")
-    lr_decay: float | None = Field(None, gt=0, le=1, description="learning rate × this every `minibatches` steps "
-                                     "(an epoch at one worker)")
+    lr_decay: float | None = Field(None, gt=0, le=1, description="learning rate × this every epoch at one worker's "
+                                     "pace (steps: minibatches, / workers under sync.combine sum)")
 
 
 class SyncSpec(_Strict):
@@ -76,6 +90,10 @@ class SyncSpec(_Strict):
                        "may run")
     quantize: bool = Field(True, description="ISP (v > 0): int8 values with a per-row scale; the rounding stays "
                            "pending")
+    combine: Literal["mean", "sum"] | None = Field(
+        None, description="a step moves a row by the mean of its touchers' proposals or by their sum (as if taken "
+        "in turn); default " + ", ".join(
+            f"{m} {c}" for m, c in COMBINE_DEFAULTS.items()))
 
 
 class StopSpec(_Strict):
@@ -86,8 +104,9 @@ class StopSpec(_Strict):
     patience: int = Field(10, ge=1, description='... for this many consecutive steps: "converged"')
     target_test: float | None = Field(None, gt=0, description="or: the held-out metric (validation if the data has "
                                       'it, else test) at or below this: "converged"')
-    eval_every: int | None = Field(None, ge=0, description="score the held-out split every N steps (default: once an "
-                                   "epoch with a validation split, 50 with target_test; 0: never)")
+    eval_every: int | None = Field(None, ge=0, description="score the held-out split every N steps (default with a "
+                                   "validation split: an epoch at one worker's pace, as lr_decay; 50 with target_test; "
+                                   "0: never)")
     patience_evals: int = Field(5, ge=1, description='validation: no better for this many scorings: "early_stopped"')
     min_delta: float = Field(1e-4, ge=0, description="... where better means lower by this share at least")
     max_epochs: float | None = Field(None, gt=0, description="passes over the training data (default: "
@@ -222,6 +241,8 @@ class JobSpec(_Strict):
             raise ValueError(f"hyper.optimizer: model {self.model} trains with {default_optimizer} only")
         if self.model == "pmf" and self.hyper.optimizer == "adam" and self.hyper.lr is None:
             self.hyper.lr = PMF_ADAM_LR
+        if self.sync.combine is None:
+            self.sync.combine = COMBINE_DEFAULTS[self.model]
         for key, value in MODEL_DEFAULTS[self.model].items():
             if getattr(self.hyper, key) is None:
                 setattr(self.hyper, key, value)

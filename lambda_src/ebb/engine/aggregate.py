@@ -11,6 +11,12 @@ Under ISP a worker may touch a row yet send nothing for it yet (its change is st
 pending); it still counts as a toucher, exactly as under BSP, so a filtered row is not
 inflated by a smaller divisor. A row sent late (its accumulator crossed the threshold
 in a step where nobody touched it) is divided by 1.
+
+``combine="sum"`` (``sync.combine``) adds every contribution undivided instead: the
+workers' proposals land as if taken one after another. It suits an optimiser whose
+proposal is a normalised step (Adam: about lr per entry whatever the gradient), where
+the mean of P proposals is one worker's step on the rows every worker touches but a
+full step on a row only one touched (see ``ebb.spec.COMBINE_DEFAULTS``).
 """
 
 from __future__ import annotations
@@ -30,12 +36,25 @@ class RowMean:
     that receive the same updates in the same order stay bit-identical.
     """
 
-    def __init__(self, params: dict[str, torch.Tensor]):
+    def __init__(self, params: dict[str, torch.Tensor], combine: str = "mean"):
+        if combine not in ("mean", "sum"):
+            raise ValueError(f"combine must be 'mean' or 'sum', not {combine!r}")
+        self.divide = combine == "mean"
         self.counts = {n: torch.zeros(p.shape[0]) for n, p in params.items()}
         self._ones = torch.ones(max(p.shape[0] for p in params.values()))  # increments, sliced per update
 
     def apply(self, params: dict[str, torch.Tensor], contributions: list[RowUpdate], scale: float = 1.0) -> None:
-        """``params += scale * row_mean(contributions)``."""
+        """``params += scale * row_mean(contributions)`` (or their sum, undivided)."""
+        if not self.divide:
+            for c in contributions:
+                for name, param in params.items():
+                    entry = c.rows.get(name)
+                    if entry is not None and entry[0].numel():
+                        param.index_add_(0, entry[0], entry[1], alpha=scale)
+                    elements = c.elements.get(name) if c.elements else None
+                    if elements is not None and elements[0].numel():
+                        param.view(-1).index_add_(0, elements[1], elements[2], alpha=scale)
+            return
         for name, counts in self.counts.items():
             touched = [t for c in contributions if (t := c.touched_rows(name)) is not None and t.numel()]
             for rows in touched:
