@@ -55,6 +55,7 @@ PROBES = {
     "m4-160": dict(data=MLS, workers=4, epochs=160),  # today's default: scored every 4 epochs
     "m4-bsp-160": dict(data=MLS, workers=4, epochs=160, mode="bsp"),  # what is left: the ISP threshold?
     "m4-v0.2-160": dict(data=MLS, workers=4, epochs=160, significance=0.2),
+    "m4-v0.4-160": dict(data=MLS, workers=4, epochs=160, significance=0.4),
 }
 
 

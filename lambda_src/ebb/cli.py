@@ -46,7 +46,8 @@ def _add_job_flags(p) -> None:
                    help="PMF optimiser: sgd_momentum (default) or adam (lazy Adam)")
     p.add_argument("--workers", type=int, help="number of workers at the start (default 1)")
     p.add_argument("--sync", choices=["bsp", "ssp", "isp"], help="synchronisation model (default isp)")
-    p.add_argument("--significance", type=float, metavar="V", help="ISP threshold v; v_t = v/sqrt(t) (default 0.7)")
+    p.add_argument("--significance", type=float, metavar="V",
+                   help="ISP threshold v; v_t = v/sqrt(t) (default: PMF 0.4, LR 0.7)")
     p.add_argument("--slack", type=int, metavar="S", help="SSP staleness bound (default 3)")
     p.add_argument(
         "--quantize",

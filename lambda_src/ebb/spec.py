@@ -44,6 +44,12 @@ PMF_ADAM_LR = 0.03
 # 0.496 summed and 0.496 at one worker; bench/quality.py, docs/RESULTS.md).
 COMBINE_DEFAULTS: dict[str, str] = {"pmf": "mean", "sparse_lr": "sum", "lr": "mean"}
 
+# ISP's threshold v when unset. MLLess runs 0.7 end to end; for PMF its code uses 0.05. At
+# 4 workers on ml-latest-small-shaped ratings, v 0.7 held PMF's validation RMSE at 0.8304
+# where BSP reaches 0.8286; v 0.4 reaches 0.8288 (bench/quality_probe.py m4-v0.4-160) for
+# more bytes than 0.7 and fewer than 0.2. Sparse LR at 0.7 matches BSP already.
+SIGNIFICANCE_DEFAULTS: dict[str, float] = {"pmf": 0.4, "sparse_lr": 0.7, "lr": 0.7}
+
 
 # Share of the rows `ebb prepare` (and a job's `prepare` section) holds out for validation
 # unless told otherwise: enough for early stopping to see a smooth curve on 100k ratings.
@@ -84,8 +90,8 @@ class SyncSpec(_Strict):
     """How the workers' updates meet (docs/ARCHITECTURE.md, "Synchronisation")."""
 
     mode: Literal["bsp", "ssp", "isp"] = Field("isp", description="bsp | ssp | isp")
-    significance: float = Field(0.7, ge=0, description="ISP v: an entry is sent when |δ_i|/|x_i| > v/sqrt(t); "
-                                "0 = BSP exactly")
+    significance: float | None = Field(None, ge=0, description="ISP v: an entry is sent when |δ_i|/|x_i| > "
+                                       "v/sqrt(t); 0 = BSP exactly (default: PMF 0.4, LR 0.7)")
     slack: int = Field(3, ge=0, le=1000, description="SSP: how many steps ahead of the slowest worker a worker "
                        "may run")
     quantize: bool = Field(True, description="ISP (v > 0): int8 values with a per-row scale; the rounding stays "
@@ -243,6 +249,8 @@ class JobSpec(_Strict):
             self.hyper.lr = PMF_ADAM_LR
         if self.sync.combine is None:
             self.sync.combine = COMBINE_DEFAULTS[self.model]
+        if self.sync.significance is None:
+            self.sync.significance = SIGNIFICANCE_DEFAULTS[self.model]
         for key, value in MODEL_DEFAULTS[self.model].items():
             if getattr(self.hyper, key) is None:
                 setattr(self.hyper, key, value)
