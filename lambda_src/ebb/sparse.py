@@ -73,17 +73,29 @@ def compress_rows(vals: torch.Tensor, magnitudes: torch.Tensor | None = None) ->
     a masked row's absent entries stay absent. ``magnitudes``: ``vals.abs()`` when the
     caller has it already.
     """
+    peak = row_max(magnitudes).numpy() if magnitudes is not None and vals.shape[1] >= _Q8_MIN_DIM else None
+    pack, out = quantize_rows(vals.numpy(), peak)
+    return pack, torch.from_numpy(out)
+
+
+def quantize_rows(vals: np.ndarray, peak: np.ndarray | None = None) -> tuple[Packed, np.ndarray]:
+    """``compress_rows`` on float32 arrays; ``peak``: each row's max |value| when the caller has it."""
     if vals.shape[1] >= _Q8_MIN_DIM:
-        scales = _row_max(vals.abs() if magnitudes is None else magnitudes).div_(127.0).to(torch.bfloat16)
+        if peak is None:
+            peak = row_max(torch.from_numpy(np.abs(vals))).numpy()
+        scales = torch.from_numpy(peak).div(127.0).to(torch.bfloat16)
         scales.masked_fill_(scales == 0, 1.0)  # an all-zero row
-        wide = scales.to(torch.float32).unsqueeze(1)
-        codes = vals.div(wide).round_().clamp_(-127, 127).to(torch.int8)
-        return (codes, scales), codes.to(torch.float32).mul_(wide)
-    half = vals.clamp(-_F16_MAX, _F16_MAX).to(torch.float16)
-    return (half, None), half.to(torch.float32)
+        wide = scales.to(torch.float32).numpy()[:, None]
+        codes = np.divide(vals, wide)
+        np.rint(codes, out=codes)  # half to even, as torch.round
+        np.clip(codes, -127, 127, out=codes)
+        out = np.multiply(codes, wide)  # the codes are whole numbers already: no int8 round trip
+        return (torch.from_numpy(codes.astype(np.int8)), scales), out
+    half = torch.from_numpy(vals).clamp(-_F16_MAX, _F16_MAX).to(torch.float16)
+    return (half, None), half.to(torch.float32).numpy()
 
 
-def _row_max(x: torch.Tensor) -> torch.Tensor:
+def row_max(x: torch.Tensor) -> torch.Tensor:
     """``x.amax(dim=1)``, exactly: torch reduces a short inner axis slowly, so the row is
     folded in half first (a maximum is the same in any order, NaN included)."""
     half = x.shape[1] // 2
@@ -91,6 +103,22 @@ def _row_max(x: torch.Tensor) -> torch.Tensor:
         return x.amax(dim=1)
     out = torch.maximum(x[:, :half], x[:, half : 2 * half]).amax(dim=1)
     return torch.maximum(out, x[:, 2 * half :].amax(dim=1)) if x.shape[1] % 2 else out
+
+
+def _opaque_rows(table: np.ndarray) -> np.ndarray:
+    """A C-contiguous ``table`` [n, dim] as n opaque items of one row each."""
+    return table.view(np.dtype((np.void, table.itemsize * table.shape[1]))).reshape(-1)
+
+
+def gather_rows(table: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``table[rows]`` (a new array): about twice as fast as torch's ``index_select``."""
+    return table.take(rows, axis=0)
+
+
+def scatter_rows(table: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    """``table[rows] = values`` for a C-contiguous ``table``, each row moved as one item:
+    about 3× faster than torch's ``index_copy_`` or numpy's own row assignment."""
+    np.put(_opaque_rows(table), rows, _opaque_rows(np.ascontiguousarray(values, dtype=table.dtype)))
 
 
 @dataclass
@@ -104,6 +132,9 @@ class RowUpdate:
     # The parameter's rows as they were when the update was computed, where the model had
     # them at hand (local only, never encoded): the ISP filter reads |x| there, not again.
     base: dict[str, torch.Tensor] | None = None
+    # Where each parameter's rows sit among its ``touched`` rows, when the ISP filter knows
+    # (local only, never encoded): the encoder writes the subset's bits without a search.
+    subset: dict[str, np.ndarray] | None = None
 
     def is_empty(self) -> bool:
         return (all(idx.numel() == 0 for idx, _ in self.rows.values())
@@ -132,7 +163,8 @@ class RowUpdate:
         for number, (name, kind, idx, vals) in enumerate(entries):
             raw_name = name.encode()
             index = idx.numpy() if idx.dtype == torch.int64 else idx.to(torch.int64).numpy()
-            flags, index_bytes = _encode_indices(index, idx, sources, written, touched_at.get(name))
+            flags, index_bytes = _encode_indices(index, idx, sources, written, touched_at.get(name),
+                                                 (self.subset or {}).get(name) if vals is not None else None)
             dim, value_bytes = 0, []
             if vals is not None:
                 dim = vals.shape[1] if vals.dim() == 2 else 1
@@ -175,33 +207,47 @@ class RowUpdate:
                 continue
             if flags & _MASKED:
                 width = (dim + 7) // 8
-                masks = np.frombuffer(buf, dtype=np.uint8, count=k * width, offset=off).reshape(k, width)
+                span = 8 * width  # a row's mask bits, padded to whole bytes
+                masks = np.frombuffer(buf, dtype=np.uint8, count=k * width, offset=off)
                 off += k * width
                 (nnz,) = _U32.unpack_from(buf, off)
                 off += _U32.size
-                present = np.unpackbits(masks, axis=1, count=dim, bitorder="little").view(bool)
+                # Unpacked flat, in the padded layout: 3× faster than along an axis.
+                pos = np.flatnonzero(np.unpackbits(masks, bitorder="little").view(bool))
+                padding = span > dim and int(masks[width - 1 :: width].max(initial=0)) >> (dim - span + 8)
+                if pos.size != nnz or padding:
+                    raise ValueError(f"corrupt update: {name}'s row masks hold {pos.size} entries, its header "
+                                     f"says {nnz} (or they mark padding)")
                 if nnz * _ELEMENT_COST < k * dim:
-                    pos = np.flatnonzero(present)
-                    row_of = pos // dim
+                    row_of = pos // span
                     carried, off = _decode_values(buf, off, flags, k, nnz, row_of)
                     row = idx.numpy()[row_of]
-                    elements[name] = (torch.from_numpy(row), torch.from_numpy(row * dim + pos % dim),
+                    elements[name] = (torch.from_numpy(row), torch.from_numpy(row * dim + pos % span),
                                       torch.from_numpy(carried))
                     continue
-                vals, off = _decode_values(buf, off, flags, k, nnz, None, present)
-            else:
-                vals, off = _decode_values(buf, off, flags, k, k * dim, None)
+                vals, off = _expand_rows(buf, off, flags, k, dim, pos)
+                rows[name] = (idx, vals)
+                continue
+            vals, off = _decode_values(buf, off, flags, k, k * dim, None)
             rows[name] = (idx, torch.from_numpy(vals.reshape(k, dim)))
         return cls(rows, touched or None, elements or None)
 
 
 def _encode_indices(index: np.ndarray, idx: torch.Tensor, sources: list[torch.Tensor], written: list[np.ndarray],
-                    superset: int | None) -> tuple[int, list[bytes]]:
-    """(flags, bytes) of the smallest form of a row index, given the entries already written."""
+                    superset: int | None, at: np.ndarray | None = None) -> tuple[int, list[bytes]]:
+    """(flags, bytes) of the smallest form of a row index, given the entries already written
+    (``at``: the index's positions in the superset's rows, when known)."""
     k = index.size
     same = next((i for i, w in enumerate(sources) if w is idx), None)
     if same is not None:  # e.g. a bias shares its rows with its embedding
         return _SAME, [_U32.pack(same)]
+    if superset is not None and k and at is not None:  # what the search below finds, known already
+        ref = written[superset]
+        if k == ref.size:
+            return _SAME, [_U32.pack(superset)]
+        bits = np.zeros(ref.size, dtype=bool)
+        bits[at] = True
+        return _SUBSET, [_U32.pack(superset), np.packbits(bits, bitorder="little").tobytes()]
     if superset is not None and k:
         ref = written[superset]
         at = np.searchsorted(ref, index)
@@ -260,30 +306,38 @@ def _row_masks(keep: np.ndarray, width: int) -> np.ndarray:
     return np.packbits(padded.reshape(-1), bitorder="little").reshape(k, width)
 
 
-def _decode_values(buf: memoryview, off: int, flags: int, k: int, n: int, row_of: np.ndarray | None,
-                   present: np.ndarray | None = None) -> tuple[np.ndarray, int]:
-    """float32 values and the offset after them: the n carried ones in order, or, given the
-    ``present`` mask [k, dim], whole rows with zeros where nothing was carried."""
+def _expand_rows(buf: memoryview, off: int, flags: int, k: int, dim: int, pos: np.ndarray) -> tuple[torch.Tensor, int]:
+    """Masked rows as float32 [k, dim], zeros where nothing was carried, and the offset after
+    them; ``pos``: the carried entries' positions in the rows padded to whole mask bytes."""
+    span = 8 * ((dim + 7) // 8)
+    if flags & _Q8:
+        scales = (np.frombuffer(buf, dtype="<u2", count=k, offset=off).astype(np.uint32) << 16).view(np.float32)
+        codes = np.zeros(k * span, dtype=np.int8)
+        codes[pos] = np.frombuffer(buf, dtype=np.int8, count=pos.size, offset=off + 2 * k)
+        # One pass: torch converts the codes as it multiplies (the same float32 products), over
+        # the padded rows (contiguous: twice as fast), so the rows are a view of every span.
+        vals = torch.mul(torch.from_numpy(codes).view(k, span), torch.from_numpy(scales).unsqueeze(1))
+        return vals[:, :dim], off + 2 * k + pos.size
+    size = 2 if flags & _F16 else 4
+    out = np.zeros(k * span, dtype=np.float32)
+    out[pos] = np.frombuffer(buf, dtype="<f2" if size == 2 else "<f4", count=pos.size, offset=off)
+    return torch.from_numpy(np.ascontiguousarray(out.reshape(k, span)[:, :dim])), off + size * pos.size
+
+
+def _decode_values(buf: memoryview, off: int, flags: int, k: int, n: int,
+                   row_of: np.ndarray | None) -> tuple[np.ndarray, int]:
+    """The n carried values as float32 and the offset after them (``row_of``: each one's row
+    among the k, when they are single entries of masked rows)."""
     if flags & _Q8:
         scales = (np.frombuffer(buf, dtype="<u2", count=k, offset=off).astype(np.uint32) << 16).view(np.float32)
         carried = np.frombuffer(buf, dtype=np.int8, count=n, offset=off + 2 * k)
         off += 2 * k + n
-        if present is not None:  # (a boolean-mask assignment is 4× slower than by positions)
-            codes = np.zeros(present.shape, dtype=np.int8)
-            codes.reshape(-1)[np.flatnonzero(present)] = carried
-            out = codes.astype(np.float32)
-            out *= scales[:, None]
-            return out, off
         if row_of is not None:
             return carried.astype(np.float32) * scales[row_of], off
         return (carried.reshape(k, -1).astype(np.float32) * scales[:, None]).reshape(-1), off
     size = 2 if flags & _F16 else 4
     carried = np.frombuffer(buf, dtype="<f2" if size == 2 else "<f4", count=n, offset=off)
     off += size * n
-    if present is not None:
-        out = np.zeros(present.shape, dtype=np.float32)
-        out.reshape(-1)[np.flatnonzero(present)] = carried
-        return out, off
     # A copy either way: frombuffer views are read-only and tied to the source buffer.
     return carried.astype(np.float32), off
 
