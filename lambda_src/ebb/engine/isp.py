@@ -22,7 +22,7 @@ import math
 import numpy as np
 import torch
 
-from ebb.sparse import Packed, RowUpdate, gather_rows, quantize_rows, row_max, scatter_rows
+from ebb.sparse import Packed, RowUpdate, gather_rows, quantize_rows, row_peaks, scatter_rows
 
 
 class SignificanceFilter:
@@ -82,7 +82,7 @@ class SignificanceFilter:
         np.multiply(magnitude, significant, out=magnitude)  # |out_vals|, for the quantiser's row maxima
         # A row with a significant entry has a positive maximum, an idle row carries zeros
         # and its δ is unchanged.
-        peak = row_max(torch.from_numpy(magnitude)).numpy()
+        peak = row_peaks(magnitude)
         live = peak > 0
         at = np.flatnonzero(live)
         partial = at.size < at_rows.size
