@@ -89,8 +89,12 @@ def quantize_rows(vals: np.ndarray, peak: np.ndarray | None = None) -> tuple[Pac
         codes = np.divide(vals, wide)
         np.rint(codes, out=codes)  # half to even, as torch.round
         np.clip(codes, -127, 127, out=codes)
-        out = np.multiply(codes, wide)  # the codes are whole numbers already: no int8 round trip
-        return (torch.from_numpy(codes.astype(np.int8)), scales), out
+        with np.errstate(invalid="ignore"):  # a NaN row (a diverged model) has no codes worth a warning
+            codes = codes.astype(np.int8)
+        # From the int8 codes, not the rounded floats: those hold -0.0 where the code is 0.
+        out = codes.astype(np.float32)
+        out *= wide
+        return (torch.from_numpy(codes), scales), out
     half = torch.from_numpy(vals).clamp(-_F16_MAX, _F16_MAX).to(torch.float16)
     return (half, None), half.to(torch.float32).numpy()
 

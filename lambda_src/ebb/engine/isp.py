@@ -81,9 +81,13 @@ class SignificanceFilter:
         out_vals = np.multiply(delta, significant)
         np.multiply(magnitude, significant, out=magnitude)  # |out_vals|, for the quantiser's row maxima
         # A row with a significant entry has a positive maximum, an idle row carries zeros
-        # and its δ is unchanged.
+        # and its δ is unchanged. A NaN maximum (a NaN δ, never significant, times 0) says
+        # nothing: those rows ask their entries.
         peak = row_peaks(magnitude)
         live = peak > 0
+        unsure = np.flatnonzero(np.isnan(peak))
+        if unsure.size:
+            live[unsure] = significant[unsure].any(axis=1)
         at = np.flatnonzero(live)
         partial = at.size < at_rows.size
         if partial:  # (a NaN δ would otherwise ride along as NaN × 0, and -0.0 stays -0.0 pending)
