@@ -223,28 +223,22 @@ class RowUpdate:
                 continue
             if flags & _MASKED:
                 width = (dim + 7) // 8
-                span = 8 * width  # a row's mask bits, padded to whole bytes
-                masks = np.frombuffer(buf, dtype=np.uint8, count=k * width, offset=off)
+                masks = np.frombuffer(buf, dtype=np.uint8, count=k * width, offset=off).reshape(k, width)
                 off += k * width
                 (nnz,) = _U32.unpack_from(buf, off)
                 off += _U32.size
-                # Unpacked flat, in the padded layout: 3× faster than along an axis.
-                pos = np.flatnonzero(np.unpackbits(masks, bitorder="little").view(bool))
-                padding = span > dim and int(masks[width - 1 :: width].max(initial=0)) >> (dim - span + 8)
-                if pos.size != nnz or padding:
-                    raise ValueError(f"corrupt update: {name}'s row masks hold {pos.size} entries, its header "
-                                     f"says {nnz} (or they mark padding)")
+                present = np.unpackbits(masks, axis=1, count=dim, bitorder="little").view(bool)
                 if nnz * _ELEMENT_COST < k * dim:
-                    row_of = pos // span
+                    pos = np.flatnonzero(present)
+                    row_of = pos // dim
                     carried, off = _decode_values(buf, off, flags, k, nnz, row_of)
                     row = idx.numpy()[row_of]
-                    elements[name] = (torch.from_numpy(row), torch.from_numpy(row * dim + pos % span),
+                    elements[name] = (torch.from_numpy(row), torch.from_numpy(row * dim + pos % dim),
                                       torch.from_numpy(carried))
                     continue
-                vals, off = _expand_rows(buf, off, flags, k, dim, pos)
-                rows[name] = (idx, vals)
-                continue
-            vals, off = _decode_values(buf, off, flags, k, k * dim, None)
+                vals, off = _decode_values(buf, off, flags, k, nnz, None, present)
+            else:
+                vals, off = _decode_values(buf, off, flags, k, k * dim, None)
             rows[name] = (idx, torch.from_numpy(vals.reshape(k, dim)))
         return cls(rows, touched or None, elements or None)
 
@@ -322,38 +316,30 @@ def _row_masks(keep: np.ndarray, width: int) -> np.ndarray:
     return np.packbits(padded.reshape(-1), bitorder="little").reshape(k, width)
 
 
-def _expand_rows(buf: memoryview, off: int, flags: int, k: int, dim: int, pos: np.ndarray) -> tuple[torch.Tensor, int]:
-    """Masked rows as float32 [k, dim], zeros where nothing was carried, and the offset after
-    them; ``pos``: the carried entries' positions in the rows padded to whole mask bytes."""
-    span = 8 * ((dim + 7) // 8)
-    if flags & _Q8:
-        scales = (np.frombuffer(buf, dtype="<u2", count=k, offset=off).astype(np.uint32) << 16).view(np.float32)
-        codes = np.zeros(k * span, dtype=np.int8)
-        codes[pos] = np.frombuffer(buf, dtype=np.int8, count=pos.size, offset=off + 2 * k)
-        # One pass: torch converts the codes as it multiplies (the same float32 products), over
-        # the padded rows (contiguous: twice as fast), so the rows are a view of every span.
-        vals = torch.mul(torch.from_numpy(codes).view(k, span), torch.from_numpy(scales).unsqueeze(1))
-        return vals[:, :dim], off + 2 * k + pos.size
-    size = 2 if flags & _F16 else 4
-    out = np.zeros(k * span, dtype=np.float32)
-    out[pos] = np.frombuffer(buf, dtype="<f2" if size == 2 else "<f4", count=pos.size, offset=off)
-    return torch.from_numpy(np.ascontiguousarray(out.reshape(k, span)[:, :dim])), off + size * pos.size
-
-
-def _decode_values(buf: memoryview, off: int, flags: int, k: int, n: int,
-                   row_of: np.ndarray | None) -> tuple[np.ndarray, int]:
-    """The n carried values as float32 and the offset after them (``row_of``: each one's row
-    among the k, when they are single entries of masked rows)."""
+def _decode_values(buf: memoryview, off: int, flags: int, k: int, n: int, row_of: np.ndarray | None,
+                   present: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """float32 values and the offset after them: the n carried ones in order, or, given the
+    ``present`` mask [k, dim], whole rows with zeros where nothing was carried."""
     if flags & _Q8:
         scales = (np.frombuffer(buf, dtype="<u2", count=k, offset=off).astype(np.uint32) << 16).view(np.float32)
         carried = np.frombuffer(buf, dtype=np.int8, count=n, offset=off + 2 * k)
         off += 2 * k + n
+        if present is not None:  # (a boolean-mask assignment is 4× slower than by positions)
+            codes = np.zeros(present.shape, dtype=np.int8)
+            codes.reshape(-1)[np.flatnonzero(present)] = carried
+            out = codes.astype(np.float32)
+            out *= scales[:, None]
+            return out, off
         if row_of is not None:
             return carried.astype(np.float32) * scales[row_of], off
         return (carried.reshape(k, -1).astype(np.float32) * scales[:, None]).reshape(-1), off
     size = 2 if flags & _F16 else 4
     carried = np.frombuffer(buf, dtype="<f2" if size == 2 else "<f4", count=n, offset=off)
     off += size * n
+    if present is not None:
+        out = np.zeros(present.shape, dtype=np.float32)
+        out.reshape(-1)[np.flatnonzero(present)] = carried
+        return out, off
     # A copy either way: frombuffer views are read-only and tied to the source buffer.
     return carried.astype(np.float32), off
 
