@@ -10,12 +10,22 @@ so both see the same machine.
 
     python bench/step_cpu.py                 # ML-10M shape, 8 workers, 120 steps (≈2 min)
     python bench/step_cpu.py --quick         # 1M ratings, 60 steps
+
+With ``--before DIR`` (a source tree's ``lambda_src``, e.g. from ``git archive <commit>
+lambda_src | tar -x -C /tmp/before``) each run is a subprocess, and the same replay runs
+under that tree's engine and this one's, interleaved (bsp before, bsp after, isp before,
+isp after, per repeat), so both codes see the same machine:
+
+    python bench/step_cpu.py --before /tmp/before/lambda_src --json bench/results/step_cpu-kern2.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -92,26 +102,51 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--label", default="", help="a tag stored with the results (e.g. before/after)")
     ap.add_argument("--json", help="output JSON (default bench/results/step_cpu[-quick].json)")
+    ap.add_argument("--before", metavar="DIR", help="also replay the engine of this lambda_src tree, interleaved")
+    ap.add_argument("--one", choices=("bsp", "isp"), help=argparse.SUPPRESS)  # a subprocess's single run
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # a worker is one process on one core, as in a real run
     shape = "quick" if args.quick else "ml10m"
     steps = args.steps or (60 if args.quick else 120)
     data_dir, _ = dataset(shape, args.seed)
-    runs: dict[str, list[dict]] = {"bsp": [], "isp": []}
+    if args.one:
+        print(json.dumps(run_mode(data_dir, args.one, args.workers, steps, args.isp_v, args.seed)))
+        return
+    trees = {"before": args.before, "after": str(Path(__file__).resolve().parents[1] / "lambda_src")} \
+        if args.before else {"": None}
+    runs: dict[tuple[str, str], list[dict]] = {(code, mode): [] for mode in ("bsp", "isp") for code in trees}
     for _ in range(args.repeats):
-        for mode in runs:  # alternately, so both see the same machine
-            runs[mode].append(run_mode(data_dir, mode, args.workers, steps, args.isp_v, args.seed))
+        for code, mode in runs:  # alternately, so all see the same machine
+            if trees[code] is None:
+                result = run_mode(data_dir, mode, args.workers, steps, args.isp_v, args.seed)
+            else:
+                result = _run_tree(trees[code], mode, args, steps)
+            runs[code, mode].append(result)
     rows = []
-    for mode, rs in runs.items():
+    for (code, mode), rs in runs.items():
         row = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "mode"}
-        rows.append({"mode": mode, **row})
-    print_table(rows, [("mode", "sync"), *((f"{p}_ms", f"{p} ms") for p in PHASES), ("total_ms", "CPU ms/worker-step"),
+        rows.append({**({"code": code} if code else {}), "mode": mode, **row})
+    print_table(rows, [*([("code", "code")] if args.before else []), ("mode", "sync"),
+                       *((f"{p}_ms", f"{p} ms") for p in PHASES), ("total_ms", "CPU ms/worker-step"),
                        ("kb_sent_per_worker_step", "KB sent")])
-    ratio = rows[1]["total_ms"] / rows[0]["total_ms"]
-    print(f"\nISP/BSP CPU per worker-step at {args.workers} workers: {ratio:.3f}× (target ≤ 1.15)")
+    ratios = {}
+    for code in trees:
+        bsp, isp = (next(r for r in rows if r.get("code", "") == code and r["mode"] == m) for m in ("bsp", "isp"))
+        ratios[code or "isp_over_bsp"] = isp["total_ms"] / bsp["total_ms"]
+        print(f"\n{code + ': ' if code else ''}ISP/BSP CPU per worker-step at {args.workers} workers: "
+              f"{ratios[code or 'isp_over_bsp']:.3f}× (target ≤ 1.15)")
     write_json("step_cpu-quick" if args.quick else "step_cpu",
                {"shape": shape, "workers": args.workers, "steps": steps, "repeats": args.repeats,
-                "isp_v": args.isp_v, "label": args.label, "rows": rows, "isp_over_bsp": ratio}, args.json)
+                "isp_v": args.isp_v, "label": args.label, "before": args.before, "rows": rows,
+                **({"isp_over_bsp": ratios} if args.before else ratios)}, args.json)
+
+
+def _run_tree(src: str, mode: str, args, steps: int) -> dict:
+    """One ``run_mode`` in a subprocess that imports the engine from ``src``."""
+    cmd = [sys.executable, __file__, "--one", mode, "--workers", str(args.workers), "--steps", str(steps),
+           "--isp-v", str(args.isp_v), "--seed", str(args.seed), *(["--quick"] if args.quick else [])]
+    out = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": src}, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

@@ -73,17 +73,45 @@ def compress_rows(vals: torch.Tensor, magnitudes: torch.Tensor | None = None) ->
     a masked row's absent entries stay absent. ``magnitudes``: ``vals.abs()`` when the
     caller has it already.
     """
+    peak = row_max(magnitudes).numpy() if magnitudes is not None and vals.shape[1] >= _Q8_MIN_DIM else None
+    pack, out = quantize_rows(vals.numpy(), peak)
+    return pack, torch.from_numpy(out)
+
+
+def quantize_rows(vals: np.ndarray, peak: np.ndarray | None = None) -> tuple[Packed, np.ndarray]:
+    """``compress_rows`` on float32 arrays; ``peak``: each row's max |value| when the caller has it."""
     if vals.shape[1] >= _Q8_MIN_DIM:
-        scales = _row_max(vals.abs() if magnitudes is None else magnitudes).div_(127.0).to(torch.bfloat16)
+        if peak is None:
+            peak = row_peaks(np.abs(vals))
+        scales = torch.from_numpy(peak).div(127.0).to(torch.bfloat16)
         scales.masked_fill_(scales == 0, 1.0)  # an all-zero row
-        wide = scales.to(torch.float32).unsqueeze(1)
-        codes = vals.div(wide).round_().clamp_(-127, 127).to(torch.int8)
-        return (codes, scales), codes.to(torch.float32).mul_(wide)
-    half = vals.clamp(-_F16_MAX, _F16_MAX).to(torch.float16)
-    return (half, None), half.to(torch.float32)
+        wide = scales.to(torch.float32).numpy()[:, None]
+        codes = np.divide(vals, wide)
+        np.rint(codes, out=codes)  # half to even, as torch.round
+        np.clip(codes, -127, 127, out=codes)
+        with np.errstate(invalid="ignore"):  # a NaN row (a diverged model) has no codes worth a warning
+            codes = codes.astype(np.int8)
+        # From the int8 codes, not the rounded floats: those hold -0.0 where the code is 0.
+        out = codes.astype(np.float32)
+        out *= wide
+        return (torch.from_numpy(codes), scales), out
+    half = torch.from_numpy(vals).clamp(-_F16_MAX, _F16_MAX).to(torch.float16)
+    return (half, None), half.to(torch.float32).numpy()
 
 
-def _row_max(x: torch.Tensor) -> torch.Tensor:
+def row_peaks(x: np.ndarray) -> np.ndarray:
+    """``x.max(axis=1)`` of a float32 [k, dim], exactly: for rows up to 32 wide, one
+    ``np.maximum`` per column over all rows, 10–40% faster than any reduction along the
+    short axis (numpy's or torch's, folded or not); wider rows as ``row_max``."""
+    if x.shape[1] > 32 or x.shape[1] == 0:
+        return row_max(torch.from_numpy(x)).numpy()
+    out = x[:, 0].copy()
+    for j in range(1, x.shape[1]):
+        np.maximum(out, x[:, j], out=out)
+    return out
+
+
+def row_max(x: torch.Tensor) -> torch.Tensor:
     """``x.amax(dim=1)``, exactly: torch reduces a short inner axis slowly, so the row is
     folded in half first (a maximum is the same in any order, NaN included)."""
     half = x.shape[1] // 2
@@ -91,6 +119,22 @@ def _row_max(x: torch.Tensor) -> torch.Tensor:
         return x.amax(dim=1)
     out = torch.maximum(x[:, :half], x[:, half : 2 * half]).amax(dim=1)
     return torch.maximum(out, x[:, 2 * half :].amax(dim=1)) if x.shape[1] % 2 else out
+
+
+def _opaque_rows(table: np.ndarray) -> np.ndarray:
+    """A C-contiguous ``table`` [n, dim] as n opaque items of one row each."""
+    return table.view(np.dtype((np.void, table.itemsize * table.shape[1]))).reshape(-1)
+
+
+def gather_rows(table: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``table[rows]`` (a new array): about twice as fast as torch's ``index_select``."""
+    return table.take(rows, axis=0)
+
+
+def scatter_rows(table: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    """``table[rows] = values`` for a C-contiguous ``table``, each row moved as one item:
+    about 3× faster than torch's ``index_copy_`` or numpy's own row assignment."""
+    np.put(_opaque_rows(table), rows, _opaque_rows(np.ascontiguousarray(values, dtype=table.dtype)))
 
 
 @dataclass
@@ -104,6 +148,9 @@ class RowUpdate:
     # The parameter's rows as they were when the update was computed, where the model had
     # them at hand (local only, never encoded): the ISP filter reads |x| there, not again.
     base: dict[str, torch.Tensor] | None = None
+    # Where each parameter's rows sit among its ``touched`` rows, when the ISP filter knows
+    # (local only, never encoded): the encoder writes the subset's bits without a search.
+    subset: dict[str, np.ndarray] | None = None
 
     def is_empty(self) -> bool:
         return (all(idx.numel() == 0 for idx, _ in self.rows.values())
@@ -132,7 +179,8 @@ class RowUpdate:
         for number, (name, kind, idx, vals) in enumerate(entries):
             raw_name = name.encode()
             index = idx.numpy() if idx.dtype == torch.int64 else idx.to(torch.int64).numpy()
-            flags, index_bytes = _encode_indices(index, idx, sources, written, touched_at.get(name))
+            flags, index_bytes = _encode_indices(index, idx, sources, written, touched_at.get(name),
+                                                 (self.subset or {}).get(name) if vals is not None else None)
             dim, value_bytes = 0, []
             if vals is not None:
                 dim = vals.shape[1] if vals.dim() == 2 else 1
@@ -196,12 +244,20 @@ class RowUpdate:
 
 
 def _encode_indices(index: np.ndarray, idx: torch.Tensor, sources: list[torch.Tensor], written: list[np.ndarray],
-                    superset: int | None) -> tuple[int, list[bytes]]:
-    """(flags, bytes) of the smallest form of a row index, given the entries already written."""
+                    superset: int | None, at: np.ndarray | None = None) -> tuple[int, list[bytes]]:
+    """(flags, bytes) of the smallest form of a row index, given the entries already written
+    (``at``: the index's positions in the superset's rows, when known)."""
     k = index.size
     same = next((i for i, w in enumerate(sources) if w is idx), None)
     if same is not None:  # e.g. a bias shares its rows with its embedding
         return _SAME, [_U32.pack(same)]
+    if superset is not None and k and at is not None:  # what the search below finds, known already
+        ref = written[superset]
+        if k == ref.size:
+            return _SAME, [_U32.pack(superset)]
+        bits = np.zeros(ref.size, dtype=bool)
+        bits[at] = True
+        return _SUBSET, [_U32.pack(superset), np.packbits(bits, bitorder="little").tobytes()]
     if superset is not None and k:
         ref = written[superset]
         at = np.searchsorted(ref, index)
