@@ -233,9 +233,43 @@ def _probe_child(url: str, worker: int, mb: int, pings: int, out) -> None:
         t0 = time.perf_counter()
         assert len(r.get(key)) == len(blob)
         downs.append(mb / (time.perf_counter() - t0))
+    # A step moves far less than 20 MB at a time: the rate a transfer of each size gets
+    # (TCP against the bucket), SET and GET alike, for the clock's link at a step's size.
+    sized = {}
+    for size in SIZED_PROBE_BYTES:
+        small, rates = blob[:size], []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            r.set(key, small)
+            r.get(key)
+            rates.append(2 * size / 1e6 / (time.perf_counter() - t0))
+        sized[size] = statistics.median(rates)
     r.delete(key)
     out.send({"rtt_ms_median": 1e3 * statistics.median(rtts), "rtt_ms_p90": 1e3 * sorted(rtts)[int(0.9 * pings)],
-              "up_mb_s": statistics.median(ups), "down_mb_s": statistics.median(downs)})
+              "up_mb_s": statistics.median(ups), "down_mb_s": statistics.median(downs), "sized_mb_s": sized})
+
+
+SIZED_PROBE_BYTES = (16_000, 64_000, 256_000, 1_000_000)
+
+
+def sized_link(probe_row: dict, transfer_bytes: float) -> float:
+    """The probe's rate for a transfer of ``transfer_bytes`` (interpolated on log size)."""
+    import math
+
+    points = sorted((int(k), v) for k, v in probe_row["sized_mb_s"].items())
+    if transfer_bytes <= points[0][0]:
+        return points[0][1]
+    for (s0, r0), (s1, r1) in zip(points, points[1:]):
+        if transfer_bytes <= s1:
+            f = (math.log(transfer_bytes) - math.log(s0)) / (math.log(s1) - math.log(s0))
+            return r0 + f * (r1 - r0)
+    return points[-1][1]
+
+
+def mean_transfer_bytes(reports: list[dict]) -> float:
+    """A worker's mean write or read per step (the sizes its link carries at a time)."""
+    sizes = [n for r in reports for n in (r["sent_bytes"], r["read_bytes"]) if n]
+    return statistics.mean(sizes) if sizes else 0.0
 
 
 def probe(url: str, worker: int = 0, mb: int = 20, pings: int = 500) -> dict:
@@ -282,26 +316,26 @@ def raise_priority(pid: int = 0) -> None:
         group.write_text(str(BENCH_NICE))
 
 
-def worker_setup(worker: int, io_cpu: IoCpu | None = None, priority: bool = True) -> None:
-    """The runner's ``child_setup``: priority, the I/O CPU count, then behind worker ``worker``'s shaped link."""
+def worker_setup(worker: int, priority: bool = True) -> None:
+    """The runner's ``child_setup``: priority, then behind worker ``worker``'s shaped link."""
     if priority:
         raise_priority()
-    if io_cpu is not None:
-        io_cpu.install(worker)
     enter_worker_netns(worker)
 
 
 class Recorder:
-    """The supervisor's ``cpu_of`` hook, used here only to keep every StepReport it reads
-    (the measured CPU goes to the fleet clock unchanged), so the model can be re-run offline."""
+    """The supervisor's ``measure_of`` hook, used here only to keep every StepReport it reads
+    (the measures go to the fleet clock unchanged), so the model can be re-run offline."""
 
     def __init__(self):
         self.reports: list[dict] = []
 
-    def __call__(self, report) -> float:
-        self.reports.append(report.model_dump(include={"worker", "step", "cpu_seconds", "sent_bytes",
-                                                       "read_bytes", "requests", "timing"}))
-        return report.cpu_seconds
+    def __call__(self, report):
+        from ebb.engine.fleet_clock import WorkerStep
+
+        self.reports.append(report.model_dump(include={"worker", "step", "cpu_seconds", "io_cpu_seconds",
+                                                       "sent_bytes", "read_bytes", "requests", "timing"}))
+        return WorkerStep.of(report)
 
 
 def phase_ms(reports: list[dict], how=statistics.mean) -> dict[str, float]:
@@ -319,65 +353,15 @@ def process_cpu(pid: int | str = "self") -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-class IoCpu:
-    """A diagnostic, not the engine's: the process CPU each worker spends inside the update
-    store's ``publish`` and ``fetch`` (redis-py and the kernel moving the payload), per byte.
-    Counted in shared memory made before the fork; installed in each worker process by
-    ``child_setup`` (patching only that process's copy of the class)."""
-
-    def __init__(self, workers: int):
-        self.cpu, self.nbytes = mp.RawArray("d", workers), mp.RawArray("d", workers)
-
-    def reset(self) -> None:
-        for i in range(len(self.cpu)):
-            self.cpu[i] = self.nbytes[i] = 0.0
-
-    def install(self, worker: int) -> None:
-        from ebb.stores.redis_store import RedisUpdateStore
-
-        cpu, nbytes = self.cpu, self.nbytes
-        publish, fetch = RedisUpdateStore.publish, RedisUpdateStore.fetch
-
-        def timed_publish(store, step, w, payload):
-            t = time.process_time()
-            try:
-                return publish(store, step, w, payload)
-            finally:
-                cpu[worker] += time.process_time() - t
-                nbytes[worker] += len(payload)
-
-        def timed_fetch(store, step, workers):
-            t = time.process_time()
-            out = fetch(store, step, workers)
-            cpu[worker] += time.process_time() - t
-            nbytes[worker] += sum(len(v) for v in out.values())
-            return out
-
-        RedisUpdateStore.publish, RedisUpdateStore.fetch = timed_publish, timed_fetch
-
-    def per_byte(self) -> dict[int, float]:
-        """Seconds of CPU per byte moved, by worker."""
-        return {w: self.cpu[w] / self.nbytes[w] for w in range(len(self.cpu)) if self.nbytes[w]}
-
-
-def replay(reports: list[dict], links, slack: int, io_per_byte: dict[int, float] | None = None) -> float:
+def replay(reports: list[dict], links, slack: int) -> float:
     """The fleet clock's span from the first closed step to the last, recomputed from the
-    recorded reports with other ``links`` (same arithmetic as the engine).
-
-    With ``io_per_byte`` (a worker's CPU per byte moved, ``IoCpu``): the overlap variant,
-    where the CPU of moving the bytes runs while they are on the wire instead of before
-    it, so a worker's step is ``cpu - io + max(io, bytes / link)``: its CPU less
-    ``min(io, bytes / link)``."""
+    recorded reports with other ``links`` (the engine's arithmetic)."""
     from ebb.engine.fleet_clock import FleetTimeline, WorkerStep
 
     by_step: dict[int, dict[int, WorkerStep]] = {}
     for r in reports:
-        moved = r["sent_bytes"] + r["read_bytes"]
-        cpu = r["cpu_seconds"]
-        if io_per_byte:
-            cpu -= min(io_per_byte.get(r["worker"], 0.0) * moved, moved / (links.link_mb_s * 1e6))
-        by_step.setdefault(r["step"], {})[r["worker"]] = WorkerStep(cpu, r["sent_bytes"], r["read_bytes"],
-                                                                    r["requests"])
+        by_step.setdefault(r["step"], {})[r["worker"]] = WorkerStep(
+            r["cpu_seconds"], r["sent_bytes"], r["read_bytes"], r["requests"], r["io_cpu_seconds"])
     timeline = FleetTimeline(links, slack)
     steps = sorted(by_step)
     timeline.launch(by_step[steps[0]])
@@ -386,6 +370,17 @@ def replay(reports: list[dict], links, slack: int, io_per_byte: dict[int, float]
     for k in steps[1:]:
         last = timeline.close(k, by_step[k])
     return last - first
+
+
+def io_cpu_ms_per_mb(reports: list[dict]) -> dict[int, float]:
+    """CPU a worker spent inside the update store's calls per MB it moved (the engine's
+    ``io_cpu_seconds``): on a slow link the client spends more CPU waiting on the socket."""
+    cpu: dict[int, float] = {}
+    moved: dict[int, int] = {}
+    for r in reports:
+        cpu[r["worker"]] = cpu.get(r["worker"], 0.0) + r["io_cpu_seconds"]
+        moved[r["worker"]] = moved.get(r["worker"], 0) + r["sent_bytes"] + r["read_bytes"]
+    return {w: 1e9 * cpu[w] / moved[w] for w in cpu if moved[w]}
 
 
 def summarise(rows: list[dict]) -> list[dict]:
@@ -401,13 +396,13 @@ def summarise(rows: list[dict]) -> list[dict]:
     out = []
     for (link, sync), rs in sorted(cells.items(), key=lambda kv: (kv[0][0] or float("inf"), kv[0][1])):
         real, fleet = statistics.mean(r["real_s"] for r in rs), statistics.mean(r["fleet_s"] for r in rs)
-        overlap = statistics.mean(r["fleet_s_overlap"] for r in rs)
         errors = [r["error_pct"] for r in rs]
+        sized = statistics.mean(r["fleet_s_sized_link"] for r in rs)
         out.append({
             "link": f"{link:g}" if link else "unshaped", "sync": sync, "steps": rs[0]["steps"], "runs": len(rs),
             "real_s": real, "fleet_s": fleet, "error_pct": 100 * (fleet - real) / real,
             "error_pct_range": f"{min(errors):+.0f}..{max(errors):+.0f}",
-            "error_pct_overlap": 100 * (overlap - real) / real,
+            "fleet_s_sized": sized, "error_pct_sized": 100 * (sized - real) / real,
             "overhead_ms_per_step": statistics.mean(r["overhead_ms_per_step"] for r in rs),
             "job_cpu_share": statistics.mean(r["job_cpu_share"] for r in rs),
             "barrier_first_worker_ms": statistics.mean(r["barrier_first_worker_ms"] or 0.0 for r in rs),
@@ -424,14 +419,18 @@ def print_summary(summary: list[dict]) -> str:
     """The per-cell table and the verdict line (returned)."""
     print_table(summary, [("link", "link MB/s"), ("sync", "sync"), ("steps", "steps"), ("runs", "runs"),
                           ("real_s", "real s"), ("fleet_s", "fleet-clock s"), ("error_pct", "error %"),
-                          ("error_pct_range", "error % (runs)"), ("overhead_ms_per_step", "real − fleet ms/step"),
-                          ("error_pct_calibrated", "calibrated error %"), ("error_pct_overlap", "overlap error %"),
+                          ("error_pct_range", "error % (runs)"), ("fleet_s_sized", "fleet s (sized link)"),
+                          ("error_pct_sized", "error % (sized link)"), ("overhead_ms_per_step", "real − fleet ms/step"),
+                          ("error_pct_calibrated", "calibrated error %"),
                           ("job_cpu_share", "job's core share")])
     shaped = [r for r in summary if r["link"] != "unshaped"]
     worst = max(abs(r["error_pct"]) for r in shaped)
     verdict = (f"shaped links: largest |error| of the mean over runs {worst:.1f}% (target ≤ 15%): "
                f"{'met' if worst <= 15 else 'missed'}; "
                f"{sum(abs(r['error_pct']) <= 15 for r in shaped)} of {len(shaped)} cells within 15%")
+    sized = [abs(r["error_pct_sized"]) for r in shaped]
+    verdict += (f"; with the link measured at the step's transfer size: largest |error| {max(sized):.1f}% "
+                f"({sum(e <= 15 for e in sized)} of {len(shaped)} cells within 15%)")
     calibrated = [r["error_pct_calibrated"] for r in shaped if "error_pct_calibrated" in r]
     if calibrated:
         verdict += (f"; with the unshaped run's per-step overhead added: largest |error| "
@@ -465,8 +464,30 @@ def epochs_for(data_dir: str, steps: int, workers: int) -> float:
     return steps * workers / len(load_manifest(FolderObjectStore(data_dir)).train.parts)
 
 
-def run_one(args, data_dir: str, redis_url: str, redis_pid: int, link: float, probe_row: dict, sync: str,
-            io_cpu: IoCpu) -> dict:
+def release_probe(args, redis_url: str, link: float | None, rtt_ms: float) -> dict:
+    """The barrier's release on this network, as the engine meets it: a job of empty steps
+    (ISP with a threshold nothing passes, 20-rating minibatches) whose workers sit behind
+    the shaped links; the median from the last announcement to the first worker's go, less
+    the two round trips (announce, go) the clock already charges, is ``clock.barrier_ms``."""
+    from sync import barrier_dataset
+
+    from ebb.local.runner import run_local
+    from ebb.spec import load_spec
+
+    data_dir, parts = barrier_dataset(args.seed)
+    name = f"fleet-proof-release-{'unshaped' if link is None else f'{link:g}'}"
+    shutil.rmtree(RUNS / name, ignore_errors=True)
+    spec = load_spec(overrides={
+        "name": name, "model": "pmf", "data": data_dir, "workers": args.workers, "hyper.rank": 2,
+        "sync.mode": "isp", "sync.significance": 1e12, "scaling.policy": "none", "stop.eval_every": 0,
+        "stop.max_epochs": 300 * args.workers / parts, "redis_urls": [redis_url], "out": str(RUNS / name)})
+    report, _ = run_local(spec, child_setup=lambda w: worker_setup(w, priority=not args.no_priority))
+    first = report["sync_overhead_ms"]["first_worker_median"]
+    return {"release_first_worker_ms": first, "release_all_workers_ms": report["sync_overhead_ms"]["median"],
+            "barrier_ms": max(0.0, first - 2 * rtt_ms)}
+
+
+def run_one(args, data_dir: str, redis_url: str, redis_pid: int, link: float, probe_row: dict, sync: str) -> dict:
     """One job on the shaped network, on the fleet clock with the shaped link's figures."""
     from ebb.engine.fleet_clock import Links
     from ebb.local.runner import run_local
@@ -484,17 +505,16 @@ def run_one(args, data_dir: str, redis_url: str, redis_pid: int, link: float, pr
         "stop.eval_every": 0,
         "stop.max_seconds": 3600.0, "redis_urls": [redis_url], "out": str(RUNS / name), **SYNCS[sync],
         "clock.kind": "fleet", "clock.link_mb_s": link_payload, "clock.rtt_ms": rtt_ms, "clock.node_mb_s": node,
-        "clock.cold_start_s": 0.0,
+        "clock.cold_start_s": 0.0, "clock.barrier_ms": probe_row["barrier_ms"],
     })
-    print(f"-- {sync}, link {link or 'unshaped'} MB/s: clock link {link_payload:.1f} MB/s, rtt {rtt_ms:.3f} ms",
-          flush=True)
+    print(f"-- {sync}, link {link or 'unshaped'} MB/s: clock link {link_payload:.1f} MB/s, rtt {rtt_ms:.3f} ms, "
+          f"barrier {probe_row['barrier_ms']:.2f} ms", flush=True)
     shutil.rmtree(RUNS / name, ignore_errors=True)  # a benchmark's scratch output: each run starts clean
     recorder = Recorder()
-    io_cpu.reset()
     idle0, total0 = cpu_times()
     sup0, redis0, t0 = process_cpu(), process_cpu(redis_pid), time.perf_counter()
-    report, _ = run_local(spec, cpu_of=recorder,
-                          child_setup=lambda w: worker_setup(w, io_cpu, priority=not args.no_priority))
+    report, _ = run_local(spec, measure_of=recorder,
+                          child_setup=lambda w: worker_setup(w, priority=not args.no_priority))
     sup_cpu, redis_cpu = process_cpu() - sup0, process_cpu(redis_pid) - redis0
     whole = time.perf_counter() - t0
     idle1, total1 = cpu_times()
@@ -502,7 +522,6 @@ def run_one(args, data_dir: str, redis_url: str, redis_pid: int, link: float, pr
     real = hist[-1]["host_time"] - hist[0]["host_time"]
     fleet = hist[-1]["time"] - hist[0]["time"]
     slack = spec.sync.slack if sync == "ssp" else 0
-    overlap = replay(recorder.reports, Links(link_payload, rtt_ms, node, 0.0), slack, io_cpu.per_byte())
     measured_link = (probe_row["up_mb_s"] + probe_row["down_mb_s"]) / 2
     per_step = len(hist) - 1
     totals = report["totals"]
@@ -519,7 +538,15 @@ def run_one(args, data_dir: str, redis_url: str, redis_pid: int, link: float, pr
         "ms_per_step_real": 1e3 * real / per_step, "ms_per_step_fleet": 1e3 * fleet / per_step,
         # The same reports with the probe's measured throughput as the link (it holds the
         # client's CPU for those bytes, which cpu_seconds counts too): the other way to set it.
-        "fleet_s_measured_link": replay(recorder.reports, Links(measured_link, rtt_ms, node, 0.0), slack),
+        "fleet_s_measured_link": replay(recorder.reports, Links(measured_link, rtt_ms, node, 0.0,
+                                                                probe_row["barrier_ms"]), slack),
+        # The link as a step uses it: the probe's rate for transfers of the step's mean size
+        # (shaped links only; an unshaped veth is not the bound).
+        "transfer_kb": mean_transfer_bytes(recorder.reports) / 1e3,
+        "clock_link_sized_mb_s": sized_link(probe_row, mean_transfer_bytes(recorder.reports)) if link else None,
+        "fleet_s_sized_link": replay(recorder.reports, Links(
+            sized_link(probe_row, mean_transfer_bytes(recorder.reports)) if link else link_payload,
+            rtt_ms, node, 0.0, probe_row["barrier_ms"]), slack),
         # Where a worker's real step went (median ms per phase over its reports): the wall
         # time the fleet clock is to explain.
         "phase_ms_median": phase_ms(recorder.reports, statistics.median),
@@ -528,9 +555,12 @@ def run_one(args, data_dir: str, redis_url: str, redis_pid: int, link: float, pr
         # reported CPU), the supervisor and redis-server. Near 1, the job queues on itself.
         "supervisor_cpu_s": sup_cpu, "redis_cpu_s": redis_cpu,
         "job_cpu_share": (totals["cpu_seconds"] + sup_cpu + redis_cpu) / ((os.cpu_count() or 1) * whole),
-        "io_cpu_ms_per_mb": {w: 1e9 * c for w, c in io_cpu.per_byte().items()},
-        # The clock with the CPU of moving bytes overlapping the wire (see replay()).
-        "fleet_s_overlap": overlap, "error_pct_overlap": 100 * (overlap - real) / real,
+        "io_cpu_ms_per_mb": io_cpu_ms_per_mb(recorder.reports),
+        # The same reports with the I/O CPU added to the wire time instead of overlapping it
+        # (the clock before it measured io_cpu_seconds): what the overlap changes.
+        "fleet_s_no_overlap": replay([{**r, "io_cpu_seconds": 0.0} for r in recorder.reports],
+                                     Links(link_payload, rtt_ms, node, 0.0, probe_row["barrier_ms"]), slack),
+        "clock_barrier_ms": probe_row["barrier_ms"],
         "final_train_rmse": report["final_loss"],
         "unshaped": link is None,
         # The engine's own barrier latency: last announcement -> the first worker's go (median).
@@ -595,22 +625,24 @@ def main(argv=None) -> None:
         probes = []
         for link in [None, *parse_rates(args.links)]:
             net.shape(link, args.node_mb_s)
-            probes.append({"link_mb_s": link, "burst_bytes": link and burst_bytes(link, args.burst_ms),
-                           **probe(redis_srv.url)})
+            row = {"link_mb_s": link, "burst_bytes": link and burst_bytes(link, args.burst_ms), **probe(redis_srv.url)}
+            if not args.probe:
+                row.update(release_probe(args, redis_srv.url, link, row["rtt_ms_median"]))
+            probes.append(row)
         print_table(probes, [("link_mb_s", "tbf MB/s"), ("up_mb_s", "SET MB/s"), ("down_mb_s", "GET MB/s"),
-                             ("rtt_ms_median", "PING ms"), ("rtt_ms_p90", "PING p90 ms")])
+                             ("rtt_ms_median", "PING ms"), ("rtt_ms_p90", "PING p90 ms"),
+                             ("release_first_worker_ms", "release ms (first go)"), ("barrier_ms", "clock barrier ms")])
         if args.probe:
             write_json("fleet_proof-probe", {"burst_ms": args.burst_ms, "links": probes}, args.json)
             return
         rows = []
-        io_cpu = IoCpu(args.workers)
         for repeat in range(args.repeats):  # interleaved: a drift in the machine's load hits every cell alike
             for probe_row in probes[1:] + (probes[:1] if args.unshaped else []):
                 link = probe_row["link_mb_s"]
                 net.shape(link, args.node_mb_s)
                 for sync in args.syncs.split(","):
                     rows.append({"repeat": repeat, **run_one(args, data_dir, redis_srv.url, redis_srv.proc.pid,
-                                                             link, probe_row, sync, io_cpu)})
+                                                             link, probe_row, sync)})
                     r = rows[-1]
                     print(f"   {r['steps']} steps: real {r['real_s']:.2f} s, fleet clock {r['fleet_s']:.2f} s "
                           f"({r['error_pct']:+.1f}%), CPU idle {r['cpu_idle_pct']:.0f}%, the job's share of the "
@@ -622,7 +654,7 @@ def main(argv=None) -> None:
     print_table(rows, [("repeat", "#"), ("link_mb_s", "link MB/s"), ("sync", "sync"), ("steps", "steps"),
                        ("real_s", "real s"),
                        ("fleet_s", "fleet-clock s"), ("error_pct", "error %"),
-                       ("fleet_s_overlap", "overlap s"), ("error_pct_overlap", "overlap err %"),
+                       ("fleet_s_no_overlap", "no-overlap s"), ("fleet_s_sized_link", "fleet s (sized link)"),
                        ("fleet_s_measured_link", "fleet s (probe link)"), ("ms_per_step_real", "real ms/step"),
                        ("cpu_ms_critical_per_step", "busiest CPU ms/step"), ("mb_per_worker_step", "MB/worker/step"),
                        ("cpu_idle_pct", "CPU idle %"), ("job_cpu_share", "job's core share")])

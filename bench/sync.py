@@ -133,19 +133,25 @@ def run_config(data_dir, workers, name, fields, args) -> dict:
     }
 
 
-def barrier_overhead(workers: int, steps: int = 400, seed: int = 0) -> dict:
-    """Announce + barrier with no payload: ISP with a threshold nothing passes, so every
-    worker announces an *empty* step; tiny minibatches keep compute out of the way."""
-    import statistics
-
+def barrier_dataset(seed: int = 0) -> tuple[str, int]:
+    """Tiny ratings in 20-rating minibatches, for steps with no compute to speak of:
+    (prepared folder, number of train minibatches)."""
     root = DATA / "barrier"
     if not (root / "prepared" / "manifest.json").exists():
         synth_ratings(root / "ratings.csv", users=200, items=100, ratings=10_000, rank=2, seed=seed,
                       min_user_ratings=5, min_item_ratings=5)
         prepare_dataset("movielens", root / "ratings.csv", FolderObjectStore(root / "prepared"), batch_size=20,
                         test_fraction=0.05, seed=seed)
-    parts = 475  # ≈ 9,500 train ratings / 20
-    spec = load_spec(overrides={"name": f"bench-barrier-{workers}", "model": "pmf", "data": str(root / "prepared"),
+    return str(root / "prepared"), 475  # ≈ 9,500 train ratings / 20
+
+
+def barrier_overhead(workers: int, steps: int = 400, seed: int = 0) -> dict:
+    """Announce + barrier with no payload: ISP with a threshold nothing passes, so every
+    worker announces an *empty* step; tiny minibatches keep compute out of the way."""
+    import statistics
+
+    data_dir, parts = barrier_dataset(seed)
+    spec = load_spec(overrides={"name": f"bench-barrier-{workers}", "model": "pmf", "data": data_dir,
                                 "workers": workers, "hyper.rank": 2, "sync.mode": "isp", "sync.significance": 1e12,
                                 "scaling.policy": "none", "stop.max_epochs": steps * workers / parts,
                                 "out": fresh_out(DATA / "runs" / "barrier")})

@@ -7,8 +7,7 @@ import math
 
 import pytest
 
-from ebb.engine.fleet_clock import (FleetTimeline, Links, WorkerStep, barrier_step_seconds, node_seconds,
-                                    worker_seconds)
+from ebb.engine.fleet_clock import FleetTimeline, Links, WorkerStep, barrier_step_seconds, worker_seconds
 from ebb.local.runner import run_local
 from ebb.spec import SpecError, load_spec
 
@@ -21,13 +20,29 @@ def test_a_workers_step_is_cpu_plus_bytes_over_its_link_plus_round_trips():
     assert worker_seconds(w, LINKS) == pytest.approx(0.302)
 
 
-def test_a_barrier_step_is_its_slowest_worker_or_the_cache_nodes_busier_direction():
+def test_the_cpu_spent_moving_bytes_overlaps_the_wire_time():
+    # 0.2 s CPU, of which 0.03 s inside the update store's calls, while 5 MB take 0.1 s on the wire
+    w = WorkerStep(cpu_s=0.2, sent_bytes=3_000_000, read_bytes=2_000_000, requests=4, io_cpu_s=0.03)
+    assert worker_seconds(w, LINKS) == pytest.approx(0.17 + 0.1 + 0.002)
+    # I/O CPU longer than the wire (a fast link): the CPU is the bound, nothing is added
+    fast = Links(link_mb_s=1000.0, rtt_ms=0.0)
+    assert worker_seconds(w, fast) == pytest.approx(0.2)
+    # io_cpu_s is a part of cpu_s: a report that says more is read as all of it
+    assert worker_seconds(WorkerStep(cpu_s=0.01, io_cpu_s=0.5), fast) == pytest.approx(0.01)
+
+
+def test_a_barrier_step_is_the_release_then_its_slowest_worker_with_the_nodes_phases_in_it():
     a = WorkerStep(cpu_s=0.10, sent_bytes=1_000_000, read_bytes=4_000_000, requests=2)  # 0.1 + 0.1 + 0.001
     b = WorkerStep(cpu_s=0.15, sent_bytes=1_000_000, read_bytes=1_000_000, requests=2)  # 0.15 + 0.04 + 0.001
-    assert barrier_step_seconds([a, b], LINKS) == pytest.approx(0.201)
-    assert node_seconds([a, b], LINKS) == pytest.approx(0.05)  # reads: 5 MB / 100 MB/s
+    assert barrier_step_seconds([a, b], Links(link_mb_s=50.0, rtt_ms=0.5)) == pytest.approx(0.201)
+    assert barrier_step_seconds([a, b], Links(link_mb_s=50.0, rtt_ms=0.5, barrier_ms=3.0)) == pytest.approx(0.204)
+    # The node at 100 MB/s moves the fleet's 5 MB of reads in 0.05 s: no worker's read phase
+    # is shorter (b = 0.15 + 0.02 + 0.05 + 0.001: an upper bound for the worker that reads less).
+    assert barrier_step_seconds([a, b], LINKS) == pytest.approx(0.221)
+    # A node at 10 MB/s: everyone writes 2 MB through it (0.2 s), then reads 5 MB (0.5 s),
+    # one phase after the other, each worker's CPU on top: b = 0.15 + 0.2 + 0.5 + 0.001.
     slow_node = Links(link_mb_s=50.0, rtt_ms=0.5, node_mb_s=10.0)
-    assert barrier_step_seconds([a, b], slow_node) == pytest.approx(0.5)  # 5 MB / 10 MB/s bounds the step
+    assert barrier_step_seconds([a, b], slow_node) == pytest.approx(0.851)
 
 
 def test_with_an_infinite_link_and_no_latency_a_step_is_its_busiest_workers_cpu():
@@ -51,6 +66,11 @@ def test_a_barrier_timeline_sums_its_steps_after_one_cold_start():
     assert t0 == pytest.approx(10 + 2.0 + 0.301)
     assert t1 == pytest.approx(t0 + 0.201)
     assert line.state_dict() == {"time": t1, "worker_seconds": pytest.approx(2 * (t1 - 10.0))}
+    # With a 4 ms release: the wave's first step has no go to wait for, every later one does.
+    waits = FleetTimeline(Links(link_mb_s=50.0, rtt_ms=0.5, cold_start_s=2.0, barrier_ms=4.0), time=10.0)
+    waits.launch([0, 1])
+    assert waits.close(5, steps[0]) == pytest.approx(t0)
+    assert waits.close(6, steps[1]) == pytest.approx(t1 + 0.004)
 
 
 def test_ssp_lets_a_fast_worker_run_ahead_by_slack_steps_and_no_further():
@@ -87,7 +107,7 @@ def test_ssp_lets_a_fast_worker_run_ahead_by_slack_steps_and_no_further():
 def test_the_clock_section_is_strict_and_the_cli_names_it(tmp_path):
     spec = load_spec(overrides={"data": "d", "clock.kind": "fleet", "clock.link_mb_s": 100.0})
     assert Links.of(spec.clock) == Links(link_mb_s=100.0, rtt_ms=spec.clock.rtt_ms, node_mb_s=spec.clock.node_mb_s,
-                                         cold_start_s=spec.clock.cold_start_s)
+                                         cold_start_s=spec.clock.cold_start_s, barrier_ms=spec.clock.barrier_ms)
     with pytest.raises(SpecError, match="clock.kind"):
         load_spec(overrides={"data": "d", "clock.kind": "lambda"})
     with pytest.raises(SpecError, match="clock.link_mb_s"):
@@ -101,9 +121,10 @@ def _fleet_spec(data_dir, out, **fields):
         "clock.kind": "fleet", **fields})
 
 
-def replayed_cpu(report) -> float:
-    """A fixed CPU time per (worker, step): what a recorded run would replay."""
-    return 0.05 + 0.01 * report.worker + 0.001 * (report.step % 7)
+def replayed(report) -> WorkerStep:
+    """Fixed CPU times per (worker, step): what a recorded run would replay."""
+    cpu = 0.05 + 0.01 * report.worker + 0.001 * (report.step % 7)
+    return WorkerStep(cpu, report.sent_bytes, report.read_bytes, report.requests, io_cpu_s=0.1 * cpu)
 
 
 def test_a_local_run_on_the_fleet_clock_reports_it_and_its_history_sums_its_steps(small_ratings, tmp_path):
@@ -137,7 +158,7 @@ def test_with_replayed_cpu_two_fleet_runs_take_the_same_steps_and_decisions(smal
     fields = {"workers": 4, "clock.cold_start_s": 0.5, "scaling.policy": "autotune", "scaling.interval_s": 0.3,
               "scaling.horizon_s": 0.2, "scaling.knee_patience": 1, "scaling.knee_tolerance": 0.9,
               "scaling.tolerance": 1.0, "stop.max_epochs": 8, "round_steps": 24}
-    runs = [run_local(_fleet_spec(data_dir, tmp_path / f"r{i}", **fields), cpu_of=replayed_cpu)[0] for i in range(2)]
+    runs = [run_local(_fleet_spec(data_dir, tmp_path / f"r{i}", **fields), measure_of=replayed)[0] for i in range(2)]
     a, b = runs
     assert [h["time"] for h in a["history"]] == [h["time"] for h in b["history"]]
     # (cost_usd at a step may differ by a checkpoint PUT: a worker's end report is counted

@@ -171,8 +171,9 @@ class AwsSpec(_Strict):
 class ClockSpec(_Strict):
     """Which clock the job runs on: host time, or the modelled time of a fleet (docs/ARCHITECTURE.md, "Fleet clock")."""
 
-    kind: Literal["host", "fleet"] = Field("host", description="host (this machine's time) | fleet (a step = slowest "
-                                           "worker's CPU + bytes / link + requests × rtt)")
+    kind: Literal["host", "fleet"] = Field("host", description="host (this machine's time) | fleet (a step = the "
+                                           "barrier's release + the slowest worker's CPU, its I/O overlapping its "
+                                           "bytes / link, + requests × rtt)")
     link_mb_s: float = Field(75.0, gt=0, description="fleet: one worker's link to the cache, MB/s (Lambda, measured)")
     rtt_ms: float = Field(0.4, ge=0, description="fleet: one update-store request's round trip, ms (ElastiCache in "
                           "the VPC)")
@@ -180,6 +181,9 @@ class ClockSpec(_Strict):
                              "all workers (cache.t4g.medium: up to 5 Gbit/s)")
     cold_start_s: float = Field(3.0, ge=0, description="fleet: one cold start of a wave of workers (round start, "
                                 "joiners): container image + imports")
+    barrier_ms: float = Field(0.5, ge=0, description="fleet: the barrier's release beyond the round trips, ms: from "
+                              "the last announcement to a waiting worker's go (the cache's script, its push, the "
+                              "worker waking)")
 
 
 class JobSpec(_Strict):

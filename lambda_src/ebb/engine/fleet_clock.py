@@ -8,22 +8,30 @@ read, requests to the update store. Pure arithmetic; the supervisor feeds it.
 
 One worker's share of a step (from its previous report to this one)::
 
-    t_w = cpu_w + (sent_w + read_w) / link + requests_w × rtt
+    t_w = (cpu_w - io_w) + max(io_w, write_w + read_w) + requests_w × rtt
+    write_w = max(sent_w / link, Σ sent / node)     read_w = max(read_w / link, Σ read / node)
 
-The cache node is shared: a step cannot clear sooner than the node moves its busier
-direction, ``max(Σ sent, Σ read) / node`` (a full-duplex link).
+``io_w`` is the CPU the worker spent inside the update store's calls (serialising, system
+calls, the client library): it runs while the bytes are on the wire, so the I/O takes the
+longer of the two, not their sum (on a slow link the client's CPU grows with the wait).
+The cache node is shared: with a barrier every worker writes at about the same time and,
+after the go, reads at about the same time, so each direction of the node's link is a
+phase of the step that cannot end before the node has moved the whole fleet's bytes
+(``Σ sent / node``, then ``Σ read / node``), on top of the CPU, not beside it.
 
 Steps are closed in order. Each worker ``w`` has a virtual time ``ready_w``: when it
 finished its last step. The dependency rule of the sync model, with ``slack`` 0 for BSP
 and ISP (a barrier per step) and ``sync.slack`` for SSP:
 
-    start_w(s) = max(ready_w, cleared(s - 1 - slack))
+    start_w(s) = max(ready_w, cleared(s - 1 - slack) + barrier)
     finish_w(s) = start_w(s) + t_w(s)
-    cleared(s) = max(max_w finish_w(s), cleared(s - 1) + node(s))
+    cleared(s) = max_w finish_w(s)
 
 so worker ``w`` may start step ``s`` once it finished its own step ``s - 1`` and every
-member finished step ``s - 1 - slack``. With a barrier (slack 0) every member starts at
-``cleared(s - 1)`` and a step takes ``max(max_w t_w, node)``: the slowest worker. The
+member finished step ``s - 1 - slack``, and the word of it has reached it: ``barrier``
+(``clock.barrier_ms``) is the release, from the last announcement to a waiting worker's
+go (the cache's script, its push, the worker waking). With a barrier (slack 0) every
+member starts at ``cleared(s - 1) + barrier`` and a step takes the slowest worker. The
 job's fleet time is ``cleared`` of its last closed step (by then every worker has
 finished it, so it is the largest virtual time).
 
@@ -45,18 +53,19 @@ MB = 1e6
 
 @dataclass(frozen=True)
 class Links:
-    """The fleet's network and start-up: per-worker link, request round trip, the cache
-    node's link, one cold start (the ``clock`` section of a job spec)."""
+    """The fleet's network and start-up: per-worker link, request round trip, the barrier's
+    release, the cache node's link, one cold start (the ``clock`` section of a job spec)."""
 
     link_mb_s: float = 75.0
     rtt_ms: float = 0.4
     node_mb_s: float = 625.0
     cold_start_s: float = 3.0
+    barrier_ms: float = 0.0
 
     @classmethod
     def of(cls, clock_spec) -> Links:
         return cls(link_mb_s=clock_spec.link_mb_s, rtt_ms=clock_spec.rtt_ms, node_mb_s=clock_spec.node_mb_s,
-                   cold_start_s=clock_spec.cold_start_s)
+                   cold_start_s=clock_spec.cold_start_s, barrier_ms=clock_spec.barrier_ms)
 
 
 @dataclass(frozen=True)
@@ -67,24 +76,36 @@ class WorkerStep:
     sent_bytes: int = 0
     read_bytes: int = 0
     requests: int = 0
+    io_cpu_s: float = 0.0  # the part of cpu_s spent inside the update store's calls
+
+    @classmethod
+    def of(cls, report) -> WorkerStep:
+        """The measures of a worker's ``StepReport``."""
+        return cls(report.cpu_seconds, report.sent_bytes, report.read_bytes, report.requests,
+                   report.io_cpu_seconds)
 
 
-def worker_seconds(w: WorkerStep, links: Links) -> float:
-    """One worker's time for its step: CPU + its bytes over its link + its round trips."""
-    return w.cpu_s + (w.sent_bytes + w.read_bytes) / (links.link_mb_s * MB) + w.requests * links.rtt_ms / 1e3
-
-
-def node_seconds(steps: Iterable[WorkerStep], links: Links) -> float:
-    """The cache node's lower bound on a step: its busier direction over its link."""
+def _node_totals(steps: Iterable[WorkerStep]) -> tuple[int, int]:
     steps = list(steps)
-    busier = max(sum(w.sent_bytes for w in steps), sum(w.read_bytes for w in steps))
-    return busier / (links.node_mb_s * MB)
+    return sum(w.sent_bytes for w in steps), sum(w.read_bytes for w in steps)
+
+
+def worker_seconds(w: WorkerStep, links: Links, node_totals: tuple[int, int] = (0, 0)) -> float:
+    """One worker's time for its step: its CPU, with the I/O part overlapping the wire time
+    of its writes and reads (each at least the node's time for the fleet's bytes in that
+    direction, ``node_totals`` = (Σ sent, Σ read)), plus its round trips."""
+    link, node = links.link_mb_s * MB, links.node_mb_s * MB
+    write = max(w.sent_bytes / link, node_totals[0] / node)
+    read = max(w.read_bytes / link, node_totals[1] / node)
+    io = min(w.io_cpu_s, w.cpu_s)
+    return w.cpu_s - io + max(io, write + read) + w.requests * links.rtt_ms / 1e3
 
 
 def barrier_step_seconds(steps: Iterable[WorkerStep], links: Links) -> float:
-    """A barrier step's fleet time (BSP, ISP): the slowest worker, at least the node's bound."""
+    """A barrier step's fleet time (BSP, ISP): the release, then the slowest worker."""
     steps = list(steps)
-    return max(max((worker_seconds(w, links) for w in steps), default=0.0), node_seconds(steps, links))
+    totals = _node_totals(steps)
+    return links.barrier_ms / 1e3 + max((worker_seconds(w, links, totals) for w in steps), default=0.0)
 
 
 class FleetTimeline:
@@ -111,14 +132,16 @@ class FleetTimeline:
         """Close ``step`` (steps close in order) with each member's measures; returns cleared(step).
 
         ``waiting``: invocations launched that do not train yet (joiners), billed too."""
-        gate = self.cleared.get(step - 1 - self.slack, 0.0)
+        gate = self.cleared.get(step - 1 - self.slack)
+        # The first step of a wave has no go to wait for; every later one waits for the release.
+        gate = 0.0 if gate is None else gate + self.links.barrier_ms / 1e3
+        totals = _node_totals(measured.values())
         finish = 0.0
         for w, m in measured.items():
-            done = max(self.ready.get(w, self.time), gate) + worker_seconds(m, self.links)
+            done = max(self.ready.get(w, self.time), gate) + worker_seconds(m, self.links, totals)
             self.ready[w] = done
             finish = max(finish, done)
-        previous = self.cleared.get(step - 1, self.time)
-        cleared = max(finish, previous + node_seconds(measured.values(), self.links), self.time)
+        cleared = max(finish, self.time)
         self.cleared[step] = cleared
         self.cleared.pop(step - 2 - 2 * self.slack, None)  # only the last slack + 1 are looked back at
         self.worker_seconds += (cleared - self.time) * (len(measured) + waiting)

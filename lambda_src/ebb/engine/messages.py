@@ -45,6 +45,7 @@ class StepReport(_Message):
     applied_upto: int = Field(description="every step up to this one is applied to this worker's replica")
     position: int = Field(description="the position in the minibatch sequence this step trained on")
     cpu_seconds: float = Field(description="process time since the last report, test scoring excluded")
+    io_cpu_seconds: float = Field(0.0, description="the part of cpu_seconds spent inside the update store's calls")
     sync_seconds: float | None = Field(None, description="last announcement of the previous step -> this worker's go")
     sent_at: float = Field(description="wall time of the announcement")
     object_gets: int = 0

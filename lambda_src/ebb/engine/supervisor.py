@@ -119,7 +119,7 @@ class Supervisor:
     def __init__(self, spec: JobSpec, *, data: ObjectStore, checkpoints: ObjectStore, updates: UpdateStore,
                  signals: SignalChannel, launcher: WorkerLauncher, round_: int, sink: MetricsSink | None = None,
                  policy=None, round_seconds: float | None = None, restarts: list[dict] | None = None,
-                 cpu_of: Callable[[StepReport], float] | None = None):
+                 measure_of: Callable[[StepReport], WorkerStep] | None = None):
         self.spec, self.data, self.checkpoints = spec, data, checkpoints
         self.updates, self.signals, self.launcher = updates, signals, launcher
         self.sink = sink or NullSink()
@@ -143,8 +143,8 @@ class Supervisor:
             fleet = self.fleet_before or {"time": 0.0, "worker_seconds": 0.0}
             self.fleet = FleetTimeline(Links.of(spec.clock), spec.sync.slack if self.mode == "ssp" else 0,
                                        time=fleet["time"], worker_seconds=fleet["worker_seconds"])
-        # A step's CPU as the fleet clock reads it: measured, or replayed by a test.
-        self.cpu_of = cpu_of or (lambda r: r.cpu_seconds)
+        # A worker's step as the fleet clock reads it: measured, or replayed by a test.
+        self.measure_of = measure_of or WorkerStep.of
         # This round only: reports of unclosed steps, workers' starts and ends, the steps
         # whose updates still sit in the update store, and the end of round once named.
         self.steps: dict[int, dict[int, StepReport]] = {}
@@ -436,8 +436,7 @@ class Supervisor:
         epoch = self.cursor / self.num_parts
         if self.fleet:
             joining = len(set(self.upcoming) - set(self.members))  # launched, not training yet: billed
-            self.fleet.close(k, {w: WorkerStep(self.cpu_of(r), r.sent_bytes, r.read_bytes, r.requests)
-                                 for w, r in reports.items()}, waiting=joining)
+            self.fleet.close(k, {w: self.measure_of(r) for w, r in reports.items()}, waiting=joining)
         elapsed = self.elapsed()
         self._time_step()
         t = self.totals

@@ -221,6 +221,7 @@ class Worker:
         self.timer = StepTimer()
         self.bytes_read = 0
         self.requests = 0  # update-store round trips since the last report (the fleet clock's rtt term)
+        self.io_cpu = 0.0  # CPU inside the update store's calls since the last report (overlaps the wire)
         self._cpu_mark = time.process_time()
         self.sync_overhead_s: float | None = None
         self._announce_s = 0.0
@@ -390,7 +391,9 @@ class Worker:
         else:
             payload = b"" if empty else sent.encode()
         if payload:
+            io_mark = time.process_time()
             self.updates.publish(t, self.me, payload)
+            self.io_cpu += time.process_time() - io_mark
             self.requests += 1
         self.timer.lap("write")
         if self.mode == "ssp":
@@ -415,6 +418,7 @@ class Worker:
                 applied_upto=self.applied_upto,
                 position=position,
                 cpu_seconds=cpu,
+                io_cpu_seconds=self.io_cpu,
                 sync_seconds=self.sync_overhead_s,
                 sent_at=wall(),
                 object_gets=self.parts.gets,
@@ -426,7 +430,7 @@ class Worker:
         self.parts.gets = 0
         self._test_result = None
         self._announce_s = time.perf_counter() - before
-        self.bytes_read, self.sync_overhead_s, self.requests = 0, None, 0
+        self.bytes_read, self.sync_overhead_s, self.requests, self.io_cpu = 0, None, 0, 0.0
 
     def _wait_for_clock(self, need: int) -> None:
         self.timer.start()
@@ -473,7 +477,9 @@ class Worker:
             senders = directive.senders if directive is not None else None
             # The directive names who sent something: empty announcers are not read at all.
             others = [q for q in members if q != self.me and (senders is None or q in senders)]
+            io_mark = time.process_time()
             payloads = self.updates.fetch(k, others) if others else {}
+            self.io_cpu += time.process_time() - io_mark
             self.requests += bool(others)
             self.bytes_read += sum(len(p) for p in payloads.values())
             self.timer.lap("read")

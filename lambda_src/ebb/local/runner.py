@@ -239,7 +239,7 @@ STORE_RECONNECT_S = 30.0  # how long an external update store may take to come b
 def run_local(spec: JobSpec, sink: MetricsSink | None = None, *, resume: bool = False, policy=None,
               worker_cls: type[Worker] = Worker, in_process: bool | None = None,
               signals: SignalChannel | Callable[[int], SignalChannel] | None = None,
-              cpu_of: Callable | None = None, child_setup: Callable[[int], None] | None = None,
+              measure_of: Callable | None = None, child_setup: Callable[[int], None] | None = None,
               ) -> tuple[dict, dict[str, np.ndarray]]:
     """Run ``spec`` to completion here, round by round; returns (report, merged model).
 
@@ -249,8 +249,8 @@ def run_local(spec: JobSpec, sink: MetricsSink | None = None, *, resume: bool = 
     A failure raises ``JobFailed`` with the failed report. ``in_process`` runs the workers
     as threads over in-memory stores (default: only for a lone worker); ``policy``,
     ``worker_cls`` and ``signals`` let tests observe the engine (``signals``: one channel for
-    every round, or ``signals(round)`` making each round's); ``cpu_of(report)`` replaces
-    the measured CPU of a step on the fleet clock (replayed times, for reproducible runs).
+    every round, or ``signals(round)`` making each round's); ``measure_of(report)`` replaces
+    what the fleet clock reads of a step (a ``WorkerStep``: replayed times, for reproducible runs).
     ``child_setup(worker_id)`` runs first in every worker process (``ProcessLauncher``; not
     with in-process workers).
     """
@@ -289,7 +289,7 @@ def run_local(spec: JobSpec, sink: MetricsSink | None = None, *, resume: bool = 
                 try:
                     supervisor = Supervisor(spec, data=data, checkpoints=checkpoints, updates=backend.updates,
                                             signals=channel, launcher=launcher, round_=round_, sink=sink,
-                                            policy=policy, restarts=faults, cpu_of=cpu_of)
+                                            policy=policy, restarts=faults, measure_of=measure_of)
                     result = supervisor.run_round()
                 except (RoundLost, redis.ConnectionError, redis.TimeoutError) as exc:
                     launcher.stop_all()
