@@ -185,8 +185,18 @@ def main(argv=None):
                     help="fleet: the engine's fleet clock (a vCPU and a --link-mb-s link per worker)")
     ap.add_argument("--link-mb-s", type=float, default=75.0, help="fleet clock: one worker's link, MB/s")
     ap.add_argument("--node-mb-s", type=float, default=None, help="fleet clock: the cache node's (default: the spec's)")
+    ap.add_argument("--arms", default="none,autotune",
+                    help="scaling policies to run: none,autotune; one arm per invocation lets two invocations run "
+                         "the arms side by side under the same load (process CPU time grows with the load), "
+                         "then --combine their JSONs")
+    ap.add_argument("--combine", nargs="+", metavar="JSON", help="only merge the rows of these JSONs, judge, plot")
     ap.add_argument("--json", help="output JSON (default bench/results/autotuner.json, or fleet-autotuner-P<workers>)")
     args = ap.parse_args(argv)
+    if args.combine:
+        import json
+
+        rows = [row for path in args.combine for row in json.loads(Path(path).read_text())["rows"]]
+        return summarise(rows, args)
 
     from sync import LR_TARGET as CRITEO_TARGET
     from sync import dataset as ratings_dataset
@@ -201,22 +211,26 @@ def main(argv=None):
             data_dir, meta = logistic_dataset(args.lr_rows, args.seed, args.lr_data)
             target, hyper = args.lr_target or (1.008 * meta["bayes_logloss"] if args.lr_data == "planted"
                                                else CRITEO_TARGET), {}
-        runs: dict[str, list[dict]] = {"none": [], "autotune": []}
+        runs: dict[str, list[dict]] = {policy: [] for policy in args.arms.split(",")}
         for _ in range(args.repeats):
             for policy in runs:  # interleaved, so machine noise hits both alike
                 runs[policy].append(run(model, data_dir, policy, args, target, hyper))
         for results in runs.values():
             rows.append({**median_run(results), "target": target, "repeats": [summary(r) for r in results]})
+    summarise(rows, args)
 
+
+def summarise(rows: list[dict], args) -> None:
+    """Table, verdict per model (tuner on against off, when both arms are there), plot and JSON."""
     print()
     print_table(rows, [("model", "model"), ("tuner", "tuner"), ("reached", "reached"),
                        ("time_to_target_s", "s to target (median)"), ("time_range_s", "range"), ("cost_usd", "cost $"),
                        ("perf_per_dollar", "Perf/$"), ("final_test", "test metric"),
                        ("workers_final", "workers at end"), ("evictions", "evictions")])
     verdict = {}
-    for model in args.models.split(","):
-        off, on = (next(r for r in rows if r["model"] == model and r["tuner"] is t) for t in (False, True))
-        if off["perf_per_dollar"] and on["perf_per_dollar"]:
+    for model in dict.fromkeys(r["model"] for r in rows):
+        off, on = (next((r for r in rows if r["model"] == model and r["tuner"] is t), None) for t in (False, True))
+        if off and on and off["perf_per_dollar"] and on["perf_per_dollar"]:
             v = {"perf_per_dollar_gain": on["perf_per_dollar"] / off["perf_per_dollar"],
                  "time_ratio": on["time_to_target_s"] / off["time_to_target_s"],
                  "metric_rel_diff": abs(on["final_test"] - off["final_test"]) / off["final_test"]}
@@ -226,7 +240,8 @@ def main(argv=None):
                   f"(target ≤ 1%)")
     name = f"fleet-autotuner-P{args.workers}" if args.clock == "fleet" else "autotuner"
     png = Path(args.json).with_suffix(".png") if args.json else RESULTS / f"{name}.png"
-    plot(rows, png)
+    if all(r.get("timeline") for r in rows):
+        plot(rows, png)
     write_json(name, {"rows": rows, "verdict": verdict, "png": str(png.name), "settings": vars(args)},
                args.json)
 

@@ -91,6 +91,20 @@ def clock_fields(args) -> dict:
             **({"clock.node_mb_s": args.node_mb_s} if args.node_mb_s else {})}
 
 
+def finished_report(spec) -> dict | None:
+    """The report of a finished run of exactly this job spec in its folder, if there is one (``--reuse``)."""
+    import json
+
+    path = Path(spec.out) / "report.json"
+    if not path.exists():
+        return None
+    report = json.loads(path.read_text())
+    if report.get("spec") != spec.model_dump(mode="json"):
+        return None
+    print("   (reused: a finished run of this exact job spec)", flush=True)
+    return report
+
+
 def run_config(data_dir, workers, name, fields, args) -> dict:
     model = getattr(args, "model", "pmf")
     overrides = {"name": f"bench-sync-{model}-{name}-{workers}".replace("(", "").replace(")", "")
@@ -100,11 +114,15 @@ def run_config(data_dir, workers, name, fields, args) -> dict:
                  "scaling.policy": "none", "stop.target_test": args.target, "stop.eval_every": args.eval_every,
                  "stop.max_seconds": args.max_seconds, "stop.max_epochs": args.max_epochs,
                  **({"hyper.lr": args.lr} if args.lr else {}),
-                 "out": fresh_out(DATA / "runs" / f"sync-{model}-{name}-{workers}".replace("/", "-")), **fields}
+                 "out": str(DATA / "runs" / f"sync-{Path(data_dir).parent.name}-{name}-{workers}".replace("/", "-")),
+                 **fields}
     spec = load_spec(overrides=overrides)
     print(f"-- {model} {name} × {workers} workers ({spec.clock.kind} clock)", flush=True)
     try:
-        report, _ = run_local(spec)  # the report prices the run (spec.aws)
+        report = finished_report(spec) if getattr(args, "reuse", False) else None
+        if report is None:
+            fresh_out(Path(spec.out))
+            report, _ = run_local(spec)  # the report prices the run (spec.aws)
     except Exception as exc:  # a configuration that fails is a result too (e.g. a v that diverges)
         print(f"   failed: {exc}", flush=True)
         return {"config": name, "workers": workers, "status": "failed", "error": str(exc)}
@@ -199,6 +217,8 @@ def main(argv=None):
     ap.add_argument("--node-mb-s", type=float, default=None,
                     help="the Redis node's link, MB/s per direction (default: 1250, 10 Gbit/s, for the host clock's "
                          "modelled times; the job spec's clock.node_mb_s on the fleet clock)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="take the report of a finished run of the same job spec instead of running it again")
     ap.add_argument("--plot", action="store_true", help="also a PNG of the test metric against time per sync model")
     args = ap.parse_args(argv)
 
@@ -232,6 +252,7 @@ def main(argv=None):
     for workers in (int(w) for w in args.workers.split(",")):
         for name, fields in configs.items():
             rows.append(run_config(data_dir, workers, name, fields, args))
+            partial(rows, args, shape)
         if args.with_ddp:
             from ddp_baseline import run_ddp
 
@@ -245,6 +266,7 @@ def main(argv=None):
                 row = {"config": f"ddp-{variant}", "workers": workers, **r, "final_test": r["final_test_metric"],
                        "final_test_rmse": r["final_test_metric"] if args.model == "pmf" else None}
                 rows.append({**row, **(ddp_fleet(row, args) if args.clock == "fleet" else {})})
+                partial(rows, args, shape)
     if args.clock == "fleet":
         return fleet_summary(rows, args, shape, meta)
     args.node_mb_s = args.node_mb_s or 1250.0
@@ -344,6 +366,13 @@ def ddp_fleet(row: dict, args) -> dict:
             "curve": [(spec.clock.cold_start_s + c["step"] * per_step, c["test_metric"]) for c in row["curve"]]}
 
 
+def partial(rows: list[dict], args, shape: str) -> None:
+    """The rows so far, in the invocation's JSON, so that a long invocation cut short keeps its runs."""
+    if args.clock == "fleet":
+        write_json(f"fleet-sync-{shape}", {"partial": True, "shape": shape, "model": args.model,
+                                           "target": args.target, "rows": rows}, args.json)
+
+
 def fleet_summary(rows: list[dict], args, shape: str, meta: dict) -> None:
     """Table, verdicts per worker count, plot and JSON of a fleet-clock invocation."""
     print()
@@ -358,7 +387,8 @@ def fleet_summary(rows: list[dict], args, shape: str, meta: dict) -> None:
             print(line)
     name = f"fleet-sync-{shape}"
     if args.plot:
-        plot_curves(rows, RESULTS / f"{name}.png", METRIC[args.model], args.target)
+        png = Path(args.json).with_suffix(".png") if args.json else RESULTS / f"{name}.png"
+        plot_curves(rows, png, METRIC[args.model], args.target)
     write_json(name, {"shape": shape, "model": args.model, "data_meta": meta, "target": args.target,
                       "clock": fleet_spec(args).clock.model_dump(), "settings": vars(args), "rows": rows,
                       "verdicts": verdicts_by_p}, args.json)
