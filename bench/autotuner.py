@@ -59,7 +59,7 @@ KNEE_TOLERANCE = {"pmf": 0.1, "sparse_lr": 0.2}
 
 
 def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict) -> dict:
-    from sync import clock_fields
+    from sync import clock_fields, fresh_out
 
     spec = load_spec(overrides={**clock_fields(args),
         "name": f"bench-autotune-{model}-{policy}", "model": model, "data": data_dir, "workers": args.workers,
@@ -69,7 +69,7 @@ def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict
         "scaling.knee_tolerance": args.knee_tolerance or KNEE_TOLERANCE[model],
         "stop.target_test": target, "stop.eval_every": args.eval_every, "stop.max_seconds": args.max_seconds,
         "stop.max_epochs": args.max_epochs,
-        "out": str(DATA / "runs" / f"autotune-{model}-{policy}-{args.clock}-{args.workers}"),
+        "out": fresh_out(DATA / "runs" / f"autotune-{model}-{policy}-{args.clock}-{args.workers}"),
         **{f"hyper.{k}": v for k, v in hyper.items()}})
     print(f"-- {model}, {args.workers} workers, tuner {'on' if policy == 'autotune' else 'off'} ({args.clock} clock)",
           flush=True)
@@ -80,7 +80,7 @@ def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict
     time_to_target = hit["seconds_excluding_eval"] if hit else None
     return {
         "model": model, "tuner": policy == "autotune", "status": report["status"], "clock": spec.clock.kind,
-        "host_s": report.get("host_seconds"),
+        "host_s": report.get("host_seconds"), "load_avg_1m": __import__("os").getloadavg()[0],
         "time_to_target_s": time_to_target, "cost_usd": cost,
         "perf_per_dollar": 1 / (time_to_target * cost) if time_to_target else None,
         "final_test": report["test_metrics"][metric], "metric": metric,

@@ -26,6 +26,7 @@ Criteo-shaped generator instead of PMF:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -140,6 +141,7 @@ def run_config(data_dir, workers, name, fields, args) -> dict:
         "final_test": test_metric, "final_test_rmse": report["test_metrics"].get("rmse"),
         "final_train_loss": report["final_loss"],
         "cost_usd": (report.get("cost") or {}).get("total_usd"), "host_s": report.get("host_seconds"),
+        "load_avg_1m": os.getloadavg()[0],  # process CPU time grows with the host's load (docs/RESULTS.md)
         "curve": [(h["time"], h["test"]) for h in report["history"] if "test" in h],
         # Under SSP a worker is usually computing when its go arrives: no barrier to time.
         "sync_ms_median": None if fields["sync.mode"] == "ssp" else (report["sync_overhead_ms"] or {}).get("median"),
