@@ -195,8 +195,8 @@ def main(argv=None):
     if args.combine:
         import json
 
-        rows = [row for path in args.combine for row in json.loads(Path(path).read_text())["rows"]]
-        return summarise(rows, args)
+        parts = [json.loads(Path(path).read_text()) for path in args.combine]
+        return summarise([row for part in parts for row in part["rows"]], args, [part["settings"] for part in parts])
 
     from sync import LR_TARGET as CRITEO_TARGET
     from sync import dataset as ratings_dataset
@@ -220,7 +220,7 @@ def main(argv=None):
     summarise(rows, args)
 
 
-def summarise(rows: list[dict], args) -> None:
+def summarise(rows: list[dict], args, arm_settings: list[dict] | None = None) -> None:
     """Table, verdict per model (tuner on against off, when both arms are there), plot and JSON."""
     print()
     print_table(rows, [("model", "model"), ("tuner", "tuner"), ("reached", "reached"),
@@ -242,7 +242,8 @@ def summarise(rows: list[dict], args) -> None:
     png = Path(args.json).with_suffix(".png") if args.json else RESULTS / f"{name}.png"
     if all(r.get("timeline") for r in rows):
         plot(rows, png)
-    write_json(name, {"rows": rows, "verdict": verdict, "png": str(png.name), "settings": vars(args)},
+    write_json(name, {"rows": rows, "verdict": verdict, "png": str(png.name), "settings": vars(args),
+                      **({"arm_settings": arm_settings} if arm_settings else {})},
                args.json)
 
 
