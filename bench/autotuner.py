@@ -9,6 +9,10 @@ time for both runs, like MLLess Fig. 2.
 
     python bench/autotuner.py            # both models, 3 repeats (≈10 min on 2 cores)
     python bench/autotuner.py --models pmf
+    python bench/autotuner.py --clock fleet --workers 24 --lr-data criteo   # on the fleet clock
+
+On the fleet clock (``--clock fleet``) time, T and Δ are fleet seconds and the cost is the
+engine's cost meter on fleet time; the JSON and PNG are named ``fleet-autotuner-P<workers>``.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, print_table, write_json  # noqa: E402
 
-from ebb.cost.meter import meter_for  # noqa: E402
 from ebb.data.prepare import prepare_dataset  # noqa: E402
 from ebb.data.synth import synth_logistic  # noqa: E402
 from ebb.local.runner import run_local  # noqa: E402
@@ -30,15 +33,24 @@ from ebb.stores.local import FolderObjectStore  # noqa: E402
 DATA = Path(__file__).resolve().parent / "data"
 
 
-def logistic_dataset(rows: int, seed: int = 0) -> tuple[str, dict]:
+# Planted logistic data: 20k features, 30 a row (the estimation gap above Bayes is ≈ D/2N:
+# 1% at 1M rows, 0.3% at 4M). Criteo's shape (bench/quality.py's criteo-shaped): 39 values a
+# row over 100,000 hashed features with a heavy popularity skew, so most features are rare.
+LOGISTIC_SHAPES = {"planted": {"features": 20_000, "nnz": 30},
+                   "criteo": {"features": 100_000, "nnz": 39, "zipf": 1.0}}
+
+
+def logistic_dataset(rows: int, seed: int = 0, shape: str = "planted") -> tuple[str, dict]:
+    """Generate and prepare (once) ``rows`` planted logistic rows of a shape; (prepared dir, meta)."""
     import json
 
-    root = DATA / f"logistic-20k-{rows // 1000}k-s{seed}"
+    dims = LOGISTIC_SHAPES[shape]
+    root = DATA / (f"logistic-20k-{rows // 1000}k-s{seed}" if shape == "planted" else
+                   f"{shape}-{rows // 1000}k-s{seed}")
     raw, prepared = root / "data.svm", root / "prepared"
     if not (prepared / "manifest.json").exists():
         root.mkdir(parents=True, exist_ok=True)
-        # 20k features: the estimation gap above Bayes is ≈ D/2N (1% at 1M rows, 0.3% at 4M).
-        synth_logistic(raw, rows=rows, features=20_000, nnz=30, seed=seed)
+        synth_logistic(raw, rows=rows, seed=seed, **dims)
         prepare_dataset("libsvm", raw, FolderObjectStore(prepared), batch_size=6250, test_fraction=0.1, seed=seed)
     return str(prepared), json.loads(Path(f"{raw}.meta.json").read_text())
 
@@ -47,23 +59,28 @@ KNEE_TOLERANCE = {"pmf": 0.1, "sparse_lr": 0.2}
 
 
 def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict) -> dict:
-    spec = load_spec(overrides={
+    from sync import clock_fields, fresh_out
+
+    spec = load_spec(overrides={**clock_fields(args),
         "name": f"bench-autotune-{model}-{policy}", "model": model, "data": data_dir, "workers": args.workers,
         "seed": args.seed, "sync.mode": "isp", "sync.significance": args.significance, "scaling.policy": policy,
         "scaling.interval_s": args.interval, "scaling.horizon_s": args.horizon, "scaling.min_workers": args.min_workers,
         **({"scaling.tolerance": args.tolerance} if args.tolerance is not None else {}),
         "scaling.knee_tolerance": args.knee_tolerance or KNEE_TOLERANCE[model],
         "stop.target_test": target, "stop.eval_every": args.eval_every, "stop.max_seconds": args.max_seconds,
-        "stop.max_epochs": args.max_epochs, "out": str(DATA / "runs" / f"autotune-{model}-{policy}"),
+        "stop.max_epochs": args.max_epochs,
+        "out": fresh_out(DATA / "runs" / f"autotune-{model}-{policy}-{args.clock}-{args.workers}"),
         **{f"hyper.{k}": v for k, v in hyper.items()}})
-    print(f"-- {model}, tuner {'on' if policy == 'autotune' else 'off'}", flush=True)
-    report, _ = run_local(spec, cost_meter=meter_for(spec))
+    print(f"-- {model}, {args.workers} workers, tuner {'on' if policy == 'autotune' else 'off'} ({args.clock} clock)",
+          flush=True)
+    report, _ = run_local(spec)  # the report prices the run (spec.aws)
     hit = report["time_to_target_test"]
     metric = "rmse" if model == "pmf" else "logloss"
     cost = report["cost"]["total_usd"]
     time_to_target = hit["seconds_excluding_eval"] if hit else None
     return {
-        "model": model, "tuner": policy == "autotune", "status": report["status"],
+        "model": model, "tuner": policy == "autotune", "status": report["status"], "clock": spec.clock.kind,
+        "host_s": report.get("host_seconds"), "load_avg_1m": __import__("os").getloadavg()[0],
         "time_to_target_s": time_to_target, "cost_usd": cost,
         "perf_per_dollar": 1 / (time_to_target * cost) if time_to_target else None,
         "final_test": report["test_metrics"][metric], "metric": metric,
@@ -120,7 +137,7 @@ def plot(rows: list[dict], path: Path) -> None:
             ax.plot(t, loss, style, color="tab:blue", lw=1, label=f"loss, {label}")
             ax2.step(t, w, style, where="post", color="tab:orange", lw=1.5, label=f"workers, {label}")
         ax.set_title(f"{model}: training loss and active workers (ISP)")
-        ax.set_xlabel("seconds")
+        ax.set_xlabel(f"{rows[0].get('clock', 'host')} seconds")
         ax.set_ylabel(rows[0]["metric"] if model == "pmf" else "log-loss", color="tab:blue")
         ax2.set_ylabel("active workers", color="tab:orange")
         ax2.set_ylim(0, max(max(w for _, w, _ in r["timeline"]) for r in rows) + 1)
@@ -162,9 +179,26 @@ def main(argv=None):
     ap.add_argument("--max-seconds", type=float, default=600)
     ap.add_argument("--max-epochs", type=float, default=40)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", help="output JSON (default bench/results/autotuner.json)")
+    ap.add_argument("--lr-data", default="planted", choices=["planted", "criteo"],
+                    help="sparse LR data: planted (20k features) or the Criteo-shaped generator (100k, skewed)")
+    ap.add_argument("--clock", default="host", choices=["host", "fleet"],
+                    help="fleet: the engine's fleet clock (a vCPU and a --link-mb-s link per worker)")
+    ap.add_argument("--link-mb-s", type=float, default=75.0, help="fleet clock: one worker's link, MB/s")
+    ap.add_argument("--node-mb-s", type=float, default=None, help="fleet clock: the cache node's (default: the spec's)")
+    ap.add_argument("--arms", default="none,autotune",
+                    help="scaling policies to run: none,autotune; one arm per invocation lets two invocations run "
+                         "the arms side by side under the same load (process CPU time grows with the load), "
+                         "then --combine their JSONs")
+    ap.add_argument("--combine", nargs="+", metavar="JSON", help="only merge the rows of these JSONs, judge, plot")
+    ap.add_argument("--json", help="output JSON (default bench/results/autotuner.json, or fleet-autotuner-P<workers>)")
     args = ap.parse_args(argv)
+    if args.combine:
+        import json
 
+        parts = [json.loads(Path(path).read_text()) for path in args.combine]
+        return summarise([row for part in parts for row in part["rows"]], args, [part["settings"] for part in parts])
+
+    from sync import LR_TARGET as CRITEO_TARGET
     from sync import dataset as ratings_dataset
 
     rows = []
@@ -174,24 +208,29 @@ def main(argv=None):
             target = args.pmf_target or (0.56 if args.pmf_shape == "ml10m" else 0.645)
             hyper = {"rank": 20}
         else:
-            data_dir, meta = logistic_dataset(args.lr_rows, args.seed)
-            target, hyper = args.lr_target or 1.008 * meta["bayes_logloss"], {}
-        runs: dict[str, list[dict]] = {"none": [], "autotune": []}
+            data_dir, meta = logistic_dataset(args.lr_rows, args.seed, args.lr_data)
+            target, hyper = args.lr_target or (1.008 * meta["bayes_logloss"] if args.lr_data == "planted"
+                                               else CRITEO_TARGET), {}
+        runs: dict[str, list[dict]] = {policy: [] for policy in args.arms.split(",")}
         for _ in range(args.repeats):
             for policy in runs:  # interleaved, so machine noise hits both alike
                 runs[policy].append(run(model, data_dir, policy, args, target, hyper))
         for results in runs.values():
             rows.append({**median_run(results), "target": target, "repeats": [summary(r) for r in results]})
+    summarise(rows, args)
 
+
+def summarise(rows: list[dict], args, arm_settings: list[dict] | None = None) -> None:
+    """Table, verdict per model (tuner on against off, when both arms are there), plot and JSON."""
     print()
     print_table(rows, [("model", "model"), ("tuner", "tuner"), ("reached", "reached"),
                        ("time_to_target_s", "s to target (median)"), ("time_range_s", "range"), ("cost_usd", "cost $"),
                        ("perf_per_dollar", "Perf/$"), ("final_test", "test metric"),
                        ("workers_final", "workers at end"), ("evictions", "evictions")])
     verdict = {}
-    for model in args.models.split(","):
-        off, on = (next(r for r in rows if r["model"] == model and r["tuner"] is t) for t in (False, True))
-        if off["perf_per_dollar"] and on["perf_per_dollar"]:
+    for model in dict.fromkeys(r["model"] for r in rows):
+        off, on = (next((r for r in rows if r["model"] == model and r["tuner"] is t), None) for t in (False, True))
+        if off and on and off["perf_per_dollar"] and on["perf_per_dollar"]:
             v = {"perf_per_dollar_gain": on["perf_per_dollar"] / off["perf_per_dollar"],
                  "time_ratio": on["time_to_target_s"] / off["time_to_target_s"],
                  "metric_rel_diff": abs(on["final_test"] - off["final_test"]) / off["final_test"]}
@@ -199,9 +238,12 @@ def main(argv=None):
             print(f"{model}: Perf/$ {v['perf_per_dollar_gain']:.2f}× with the tuner (target ≥ 1.4), time to target "
                   f"{v['time_ratio']:.2f}× (target ≤ 1.10), test metric differs by {100 * v['metric_rel_diff']:.2f}% "
                   f"(target ≤ 1%)")
-    png = RESULTS / "autotuner.png"
-    plot(rows, png)
-    write_json("autotuner", {"rows": rows, "verdict": verdict, "png": str(png.name), "settings": vars(args)},
+    name = f"fleet-autotuner-P{args.workers}" if args.clock == "fleet" else "autotuner"
+    png = Path(args.json).with_suffix(".png") if args.json else RESULTS / f"{name}.png"
+    if all(r.get("timeline") for r in rows):
+        plot(rows, png)
+    write_json(name, {"rows": rows, "verdict": verdict, "png": str(png.name), "settings": vars(args),
+                      **({"arm_settings": arm_settings} if arm_settings else {})},
                args.json)
 
 

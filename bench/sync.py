@@ -11,17 +11,28 @@ overhead (announce + barrier, excluding payload).
     python bench/sync.py --quick         # 1M ratings (≈3–5 min)
     python bench/sync.py --with-ddp      # also the DistributedDataParallel baseline
     python bench/sync.py --optimizers sgd_momentum,adam   # also each sync model with PMF's lazy Adam
+
+On the fleet clock (``--clock fleet``, docs/ARCHITECTURE.md "Fleet clock") every Ebb run's
+time is the engine's modelled fleet time (a vCPU and a ``--link-mb-s`` link per worker),
+its cost the engine's cost meter on that time, and DDP is put on the same footing
+(``ddp_fleet``): measured CPU per step plus its all-reduce bytes per rank over the same
+link, priced as the same Lambda workers. ``--model sparse_lr`` trains sparse LR on the
+Criteo-shaped generator instead of PMF:
+
+    python bench/sync.py --clock fleet --quick --workers 8 --with-ddp        # validate
+    python bench/sync.py --clock fleet --model sparse_lr --workers 8,16,32 --with-ddp
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table, write_json  # noqa: E402
+from _common import RESULTS, print_table, write_json  # noqa: E402
 
 from ebb.data.prepare import prepare_dataset  # noqa: E402
 from ebb.data.synth import synth_ratings  # noqa: E402
@@ -70,32 +81,68 @@ def fresh_out(path: Path) -> str:
     return str(path)
 
 
+METRIC = {"pmf": "rmse", "sparse_lr": "logloss"}
+
+
+def clock_fields(args) -> dict:
+    """A job spec's clock overrides for ``--clock`` (fleet: ``--link-mb-s``, and ``--node-mb-s`` if given)."""
+    if args.clock != "fleet":
+        return {}
+    return {"clock.kind": "fleet", "clock.link_mb_s": args.link_mb_s,
+            **({"clock.node_mb_s": args.node_mb_s} if args.node_mb_s else {})}
+
+
+def finished_report(spec) -> dict | None:
+    """The report of a finished run of exactly this job spec in its folder, if there is one (``--reuse``)."""
+    import json
+
+    path = Path(spec.out) / "report.json"
+    if not path.exists():
+        return None
+    report = json.loads(path.read_text())
+    if report.get("spec") != spec.model_dump(mode="json"):
+        return None
+    print("   (reused: a finished run of this exact job spec)", flush=True)
+    return report
+
+
 def run_config(data_dir, workers, name, fields, args) -> dict:
-    overrides = {"name": f"bench-sync-{name}-{workers}".replace("(", "").replace(")", "").replace("=", "")
-                 .replace("/", "-"),
-                 "model": "pmf", "data": data_dir, "workers": workers, "hyper.rank": 20, "seed": args.seed,
+    model = getattr(args, "model", "pmf")
+    overrides = {"name": f"bench-sync-{model}-{name}-{workers}".replace("(", "").replace(")", "")
+                 .replace("=", "").replace("/", "-"),
+                 "model": model, "data": data_dir, "workers": workers, "seed": args.seed,
+                 **({"hyper.rank": 20} if model == "pmf" else {}), **clock_fields(args),
                  "scaling.policy": "none", "stop.target_test": args.target, "stop.eval_every": args.eval_every,
                  "stop.max_seconds": args.max_seconds, "stop.max_epochs": args.max_epochs,
                  **({"hyper.lr": args.lr} if args.lr else {}),
-                 "out": fresh_out(DATA / "runs" / f"sync-{name}-{workers}".replace("/", "-")), **fields}
+                 "out": str(DATA / "runs" / f"sync-{Path(data_dir).parent.name}-{name}-{workers}".replace("/", "-")),
+                 **fields}
     spec = load_spec(overrides=overrides)
-    print(f"-- {name} × {workers} workers", flush=True)
+    print(f"-- {model} {name} × {workers} workers ({spec.clock.kind} clock)", flush=True)
     try:
-        report, _ = run_local(spec)
+        report = finished_report(spec) if getattr(args, "reuse", False) else None
+        if report is None:
+            fresh_out(Path(spec.out))
+            report, _ = run_local(spec)  # the report prices the run (spec.aws)
     except Exception as exc:  # a configuration that fails is a result too (e.g. a v that diverges)
         print(f"   failed: {exc}", flush=True)
         return {"config": name, "workers": workers, "status": "failed", "error": str(exc)}
     hit = report["time_to_target_test"]
     totals = report["totals"]
+    test_metric = report["test_metrics"][METRIC[model]]
     return {
-        "config": name, "optimizer": fields.get("hyper.optimizer"), "workers": workers, "status": report["status"],
+        "config": name, "model": model, "optimizer": fields.get("hyper.optimizer"), "workers": workers,
+        "status": report["status"], "reached": hit is not None, "clock": report.get("clock", {}).get("kind", "host"),
         "time_to_target_s": hit["seconds_excluding_eval"] if hit else None,
         "steps_to_target": hit["step"] + 1 if hit else None,
         "steps": report["steps"], "epochs": report["epochs"],
         "mb_exchanged": (totals["bytes_sent"] + totals["bytes_received"]) / 1e6,
         "mb_sent": totals["bytes_sent"] / 1e6, "sent_fraction": totals["sent_fraction"],
-        "final_test_rmse": report["test_metrics"]["rmse"],
-        "final_train_rmse": report["final_loss"],
+        "final_test": test_metric, "final_test_rmse": report["test_metrics"].get("rmse"),
+        "final_train_loss": report["final_loss"],
+        "cost_usd": (report.get("cost") or {}).get("total_usd"), "host_s": report.get("host_seconds"),
+        "load_avg_1m": os.getloadavg()[0],  # process CPU time grows with the host's load (docs/RESULTS.md)
+        "curve": [(h["time"], h["test"]) for h in report["history"] if "test" in h],
         # Under SSP a worker is usually computing when its go arrives: no barrier to time.
         "sync_ms_median": None if fields["sync.mode"] == "ssp" else (report["sync_overhead_ms"] or {}).get("median"),
         "sync_ms_p90": None if fields["sync.mode"] == "ssp" else (report["sync_overhead_ms"] or {}).get("p90"),
@@ -144,8 +191,14 @@ def main(argv=None):
     ap.add_argument("--workers", default="4,8")
     ap.add_argument("--sync", default="bsp,ssp,isp", help="which sync models to run (comma-separated)")
     ap.add_argument("--isp-v", default="0.7,1", help="ISP thresholds to run (MLLess's 0.7 and a tuned one)")
+    ap.add_argument("--model", default="pmf", choices=["pmf", "sparse_lr"],
+                    help="pmf (planted ratings) | sparse_lr (the Criteo-shaped generator, --lr-rows rows)")
+    ap.add_argument("--lr-rows", type=int, default=1_000_000, help="sparse_lr: rows of the Criteo-shaped set")
+    ap.add_argument("--clock", default="host", choices=["host", "fleet"],
+                    help="fleet: Ebb runs on the engine's fleet clock and DDP is put on the same links (ddp_fleet)")
     ap.add_argument("--target", type=float, default=None,
-                    help="target test RMSE (default: 0.58 at ML-10M shape, 0.66 with --quick; noise floor 0.5)")
+                    help="target test RMSE (default: 0.58 at ML-10M shape, 0.66 with --quick; noise floor 0.5) or "
+                         f"sparse_lr test log-loss (default {LR_TARGET})")
     ap.add_argument("--eval-every", type=int, default=None,
                     help="score the test split every N steps, Ebb and DDP alike (default 20; 5 with --quick)")
     ap.add_argument("--max-seconds", type=float, default=600)
@@ -153,6 +206,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--with-ddp", action="store_true", help="also run bench/ddp_baseline.py's DDP (gloo) variants")
     ap.add_argument("--ddp-variants", default="dense,sparse", help="which DDP variants --with-ddp runs")
+    ap.add_argument("--ddp-lr", default="", help="learning rates of DDP variants, e.g. dense=50 (default: "
+                    "bench/ddp_baseline.py's tuned ones)")
     ap.add_argument("--optimizers", default="sgd_momentum",
                     help="PMF optimisers (comma-separated: sgd_momentum, adam); runs other than sgd_momentum are "
                          "named adam/<sync> and take the optimiser's default lr")
@@ -161,16 +216,29 @@ def main(argv=None):
     ap.add_argument("--link-mb-s", type=float, default=75.0,
                     help="for the modelled times: network throughput of one worker, MB/s (default 75, about "
                          "what one Lambda function moves to ElastiCache; an assumption, not a measurement)")
-    ap.add_argument("--node-mb-s", type=float, default=1250.0,
-                    help="for the modelled times: the Redis node's link, MB/s per direction (default 1250, 10 Gbit/s)")
+    ap.add_argument("--node-mb-s", type=float, default=None,
+                    help="the Redis node's link, MB/s per direction (default: 1250, 10 Gbit/s, for the host clock's "
+                         "modelled times; the job spec's clock.node_mb_s on the fleet clock)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="take the report of a finished run of the same job spec instead of running it again")
+    ap.add_argument("--plot", action="store_true", help="also a PNG of the test metric against time per sync model")
     args = ap.parse_args(argv)
 
-    shape = "quick" if args.quick else "ml10m"
+    if args.model == "sparse_lr":
+        from autotuner import logistic_dataset
+
+        shape = f"criteo-{args.lr_rows // 1000}k"
+        data_dir, meta = logistic_dataset(args.lr_rows, args.seed, "criteo")
+        args.target = args.target or LR_TARGET
+        args.eval_every = args.eval_every or 5
+        args.isp_v = args.isp_v if args.isp_v != ap.get_default("isp_v") else str(LR_ISP_V)
+    else:
+        shape = "quick" if args.quick else "ml10m"
+        data_dir, meta = dataset(shape, args.seed)
     if args.target is None:
         args.target = 0.66 if args.quick else 0.58
     if args.eval_every is None:
         args.eval_every = 5 if args.quick else 20
-    data_dir, meta = dataset(shape, args.seed)
     chosen = set(args.sync.split(","))
     configs = {name: fields for name, fields in CONFIGS.items() if fields["sync.mode"] in chosen}
     if "isp" in chosen:
@@ -181,21 +249,29 @@ def main(argv=None):
     for optimizer in args.optimizers.split(","):
         for name, fields in base.items():
             configs[name if optimizer == "sgd_momentum" else f"{optimizer}/{name}"] = {
-                **fields, "hyper.optimizer": optimizer}
+                **fields, **({"hyper.optimizer": optimizer} if args.model == "pmf" else {})}
     rows = []
     for workers in (int(w) for w in args.workers.split(",")):
         for name, fields in configs.items():
             rows.append(run_config(data_dir, workers, name, fields, args))
+            partial(rows, args, shape)
         if args.with_ddp:
             from ddp_baseline import run_ddp
 
             for variant in args.ddp_variants.split(","):
                 print(f"-- ddp-{variant} × {workers} workers", flush=True)
-                r = run_ddp(data_dir, workers, args.target, variant=variant, rank=20, lr=None,
+                lrs = {k: float(v) for k, v in (kv.split("=") for kv in args.ddp_lr.split(",") if kv)}
+                r = run_ddp(data_dir, workers, args.target, model=args.model, variant=variant, rank=20,
+                            lr=lrs.get(variant),
                             max_seconds=args.max_seconds, max_epochs=args.max_epochs, seed=args.seed,
                             eval_every=args.eval_every)
-                row = {"config": f"ddp-{variant}", "workers": workers, **r}
-                rows.append({**row, "final_test_rmse": r["final_test_metric"]})
+                row = {"config": f"ddp-{variant}", "workers": workers, **r, "final_test": r["final_test_metric"],
+                       "final_test_rmse": r["final_test_metric"] if args.model == "pmf" else None}
+                rows.append({**row, **(ddp_fleet(row, args) if args.clock == "fleet" else {})})
+                partial(rows, args, shape)
+    if args.clock == "fleet":
+        return fleet_summary(rows, args, shape, meta)
+    args.node_mb_s = args.node_mb_s or 1250.0
 
     barrier = [barrier_overhead(w) for w in (int(w) for w in args.workers.split(","))]
     print()
@@ -254,6 +330,131 @@ def main(argv=None):
         },
         args.json,
     )
+
+
+# Sparse LR on the Criteo-shaped set (1M rows): a test log-loss 8 workers reach in ≈ 5 epochs (fleet-clock
+# runs of 2026-11-24), and the ISP threshold tuned for it (docs/RESULTS.md, "Results on the fleet clock").
+LR_TARGET = 0.52
+LR_ISP_V = 0.7
+
+
+def fleet_spec(args):
+    """The job spec every fleet-clock run of this bench starts from (its clock and aws sections)."""
+    return load_spec(overrides={"data": "unused", "model": args.model, **clock_fields(args)})
+
+
+def ddp_fleet(row: dict, args) -> dict:
+    """DDP on the fleet clock's footing: the time and cost of its run with a vCPU and a link per rank.
+
+    A step takes its busiest rank's measured CPU (per step the largest process time of any
+    rank, averaged) plus the bytes one rank sends in the all-reduce over its link (a ring is
+    full duplex: one direction counted; dense: 2(P−1)/P × the model's float32 gradient;
+    sparse: the measured gradient rows all-gathered), and the fleet starts after one cold
+    start, as Ebb's does. Priced by the engine's cost model as P workers of the job spec's
+    Lambda size for that time, with no cache node, supervisor or Step Functions (DDP's
+    ranks talk to each other; in its favour)."""
+    from ebb.cost.model import Usage, estimate_cost, load_prices
+
+    spec = fleet_spec(args)
+    steps = row.get("steps_to_target") if row.get("reached") else row.get("steps")
+    per_step = row["cpu_ms_critical_per_step"] / 1e3 + row["bytes_per_step_per_rank"] / (spec.clock.link_mb_s * 1e6)
+    seconds = spec.clock.cold_start_s + steps * per_step
+    usage = Usage(worker_seconds=row["workers"] * seconds, memory_mb=spec.aws.memory_mb, arch=spec.aws.arch,
+                  invocations=row["workers"], wall_seconds=seconds, supervisor_seconds=0.0)
+    cost = estimate_cost(usage, load_prices())["total_usd"]
+    return {"host_time_to_target_s": row["time_to_target_s"], "clock": "fleet (ddp_fleet)",
+            "time_to_target_s": seconds if row.get("reached") else None, "fleet_s": seconds, "cost_usd": cost,
+            "mb_exchanged": row["mb_exchanged"],
+            "curve": [(spec.clock.cold_start_s + c["step"] * per_step, c["test_metric"]) for c in row["curve"]]}
+
+
+def partial(rows: list[dict], args, shape: str) -> None:
+    """The rows so far, in the invocation's JSON, so that a long invocation cut short keeps its runs."""
+    if args.clock == "fleet":
+        write_json(f"fleet-sync-{shape}", {"partial": True, "shape": shape, "model": args.model,
+                                           "target": args.target, "rows": rows}, args.json)
+
+
+def fleet_summary(rows: list[dict], args, shape: str, meta: dict) -> None:
+    """Table, verdicts per worker count, plot and JSON of a fleet-clock invocation."""
+    print()
+    print_table(rows, [("config", "sync"), ("workers", "P"), ("status", "status"),
+                       ("time_to_target_s", "fleet s to target"), ("steps_to_target", "steps"),
+                       ("cost_usd", "cost $"), ("mb_exchanged", "MB exchanged"), ("final_test", "test metric"),
+                       ("cpu_ms_critical_per_step", "busiest ms/step"), ("host_s", "host s")])
+    verdicts_by_p = {}
+    for workers in sorted({r["workers"] for r in rows}):
+        verdicts_by_p[workers] = fleet_verdicts(rows, workers)
+        for line in verdicts_by_p[workers]["lines"]:
+            print(line)
+    name = f"fleet-sync-{shape}"
+    if args.plot:
+        png = Path(args.json).with_suffix(".png") if args.json else RESULTS / f"{name}.png"
+        plot_curves(rows, png, METRIC[args.model], args.target)
+    write_json(name, {"shape": shape, "model": args.model, "data_meta": meta, "target": args.target,
+                      "clock": fleet_spec(args).clock.model_dump(), "settings": vars(args), "rows": rows,
+                      "verdicts": verdicts_by_p}, args.json)
+
+
+def fleet_verdicts(rows: list[dict], workers: int) -> dict:
+    """The fleet-clock targets at ``workers``: ISP ≥ 2× sooner than BSP; Ebb (its fastest run) ≥ 3×
+    sooner and ≥ 3× cheaper than the better DDP variant; that run's final metric within 1% of BSP's."""
+    at = {r["config"]: r for r in rows if r["workers"] == workers}
+    reached = {k: r for k, r in at.items() if r.get("time_to_target_s")}
+    out: dict = {"workers": workers, "reached": sorted(reached), "missed": sorted(set(at) - set(reached)),
+                 "lines": []}
+    if out["missed"]:
+        out["lines"].append(f"at {workers} workers, did not reach the target: {', '.join(out['missed'])}")
+    bsp = reached.get("bsp")
+    isps = {k: r for k, r in reached.items() if k.startswith("isp")}
+    ebb = {k: r for k, r in reached.items() if not k.startswith("ddp")}
+    ddp = {k: r for k, r in reached.items() if k.startswith("ddp")}
+    if isps and bsp:
+        name, isp = min(isps.items(), key=lambda kv: kv[1]["time_to_target_s"])
+        out["isp_vs_bsp"] = {"isp": name, "speedup": bsp["time_to_target_s"] / isp["time_to_target_s"],
+                             "bytes_ratio": bsp["mb_exchanged"] / isp["mb_exchanged"]}
+        out["lines"].append(f"at {workers} workers, {name} vs BSP: {out['isp_vs_bsp']['speedup']:.2f}× sooner "
+                            f"(target ≥ 2), {out['isp_vs_bsp']['bytes_ratio']:.1f}× fewer bytes")
+    if ebb and ddp:
+        name, best = min(ebb.items(), key=lambda kv: kv[1]["time_to_target_s"])
+        dname, rival = min(ddp.items(), key=lambda kv: kv[1]["time_to_target_s"])
+        out["ebb_vs_ddp"] = {"ebb": name, "ddp": dname,
+                             "speedup": rival["time_to_target_s"] / best["time_to_target_s"],
+                             "cheaper": rival["cost_usd"] / best["cost_usd"],
+                             "cheaper_than_cheapest": min(r["cost_usd"] for r in ddp.values()) / best["cost_usd"]}
+        out["lines"].append(f"at {workers} workers, Ebb {name} vs the faster DDP ({dname}): "
+                            f"{out['ebb_vs_ddp']['speedup']:.2f}× sooner (target ≥ 3), "
+                            f"{out['ebb_vs_ddp']['cheaper']:.2f}× cheaper (target ≥ 3)")
+        if bsp:
+            out["metric_rel_diff"] = abs(best["final_test"] - bsp["final_test"]) / bsp["final_test"]
+            out["lines"].append(f"at {workers} workers, {name}'s final test metric differs from BSP's by "
+                                f"{100 * out['metric_rel_diff']:.2f}% (target ≤ 1%)")
+    return out
+
+
+def plot_curves(rows: list[dict], path: Path, metric: str, target: float | None = None) -> None:
+    """Test metric against (fleet) time, one panel per worker count, one line per sync model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = sorted({r["workers"] for r in rows})
+    fig, axes = plt.subplots(1, len(counts), figsize=(5.5 * len(counts), 4), squeeze=False)
+    for ax, workers in zip(axes[0], counts):
+        for r in (r for r in rows if r["workers"] == workers and r.get("curve")):
+            t, m = zip(*r["curve"])
+            ax.plot(t, m, "--" if r["config"].startswith("ddp") else "-", lw=1.2, label=r["config"])
+        if target:
+            ax.axhline(target, color="grey", lw=0.8, ls=":")
+        ax.set_title(f"{workers} workers")
+        ax.set_xlabel(f"{rows[0].get('clock', 'host')} seconds")
+        ax.set_ylabel(f"test {metric}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
 
 
 def project(row: dict, worker_mb_s: float, server_mb_s: float) -> float | None:
