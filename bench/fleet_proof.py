@@ -559,6 +559,8 @@ def run_one(args, data_dir: str, redis_url: str, redis_pid: int, link: float, pr
     fleet = hist[-1]["time"] - hist[0]["time"]
     slack = spec.sync.slack if sync == "ssp" else 0
     measured_link = (probe_row["up_mb_s"] + probe_row["down_mb_s"]) / 2
+    transfer = mean_transfer_bytes(recorder.reports)
+    link_sized = sized_link(probe_row, transfer)
     per_step = len(hist) - 1
     totals = report["totals"]
     return {
@@ -579,11 +581,10 @@ def run_one(args, data_dir: str, redis_url: str, redis_pid: int, link: float, pr
         # The link as a step uses it: the concurrent probe's rate for transfers of the step's
         # mean size. Unshaped too: there the bound is the one redis-server serving every
         # worker at once (a cache node's CPU, which a fleet's node has as well).
-        "transfer_kb": mean_transfer_bytes(recorder.reports) / 1e3,
-        "clock_link_sized_mb_s": sized_link(probe_row, mean_transfer_bytes(recorder.reports)),
-        "fleet_s_sized_link": replay(recorder.reports, Links(
-            sized_link(probe_row, mean_transfer_bytes(recorder.reports)), rtt_ms, node, 0.0,
-            probe_row["barrier_ms"]), slack),
+        "transfer_kb": transfer / 1e3,
+        "clock_link_sized_mb_s": link_sized,
+        "fleet_s_sized_link": replay(recorder.reports, Links(link_sized, rtt_ms, node, 0.0, probe_row["barrier_ms"]),
+                                     slack),
         # Where a worker's real step went (median ms per phase over its reports): the wall
         # time the fleet clock is to explain.
         "phase_ms_median": phase_ms(recorder.reports, statistics.median),

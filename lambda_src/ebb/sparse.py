@@ -14,7 +14,7 @@ Two more things travel with an update:
 * ``elements``: single entries rather than whole rows. The ISP filter keeps only the
   significant entries of a row; a decoded update holds those as (row, flat index,
   value) triples, so applying it costs what it carries, not whole rows.
-* ``packed``: the values in a smaller exact form (``compress_rows``): int8 codes with a
+* ``packed``: the values in a smaller exact form (``quantize_rows``): int8 codes with a
   bfloat16 scale per row for rows ≥ 4 wide, float16 for narrower ones (a bias). The
   float32 values in ``rows`` are exactly what the packed form decodes to, so sender and
   readers agree bit for bit; the ISP filter keeps the rounding error pending.
@@ -64,22 +64,15 @@ Elements = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (row, flat index i
 Packed = tuple[torch.Tensor, torch.Tensor | None]  # (int8 codes, bfloat16 row scales) or (float16 values, None)
 
 
-def compress_rows(vals: torch.Tensor, magnitudes: torch.Tensor | None = None) -> tuple[Packed, torch.Tensor]:
-    """Round ``vals`` [k, dim] to a compact exact form: (packed, the float32 values it stands for).
+def quantize_rows(vals: np.ndarray, peak: np.ndarray | None = None) -> tuple[Packed, np.ndarray]:
+    """Round ``vals`` [k, dim] (float32) to a compact exact form: (packed, the float32 values it stands for).
 
     Rows ≥ 4 wide become int8 codes with one bfloat16 scale per row (≈ max |value| / 127;
     bfloat16 has float32's range, so no row is too small to scale); narrower rows become
     float16. The caller keeps ``vals − returned`` (error feedback). Zeros stay zeros, so
-    a masked row's absent entries stay absent. ``magnitudes``: ``vals.abs()`` when the
+    a masked row's absent entries stay absent. ``peak``: each row's max |value| when the
     caller has it already.
     """
-    peak = row_max(magnitudes).numpy() if magnitudes is not None and vals.shape[1] >= _Q8_MIN_DIM else None
-    pack, out = quantize_rows(vals.numpy(), peak)
-    return pack, torch.from_numpy(out)
-
-
-def quantize_rows(vals: np.ndarray, peak: np.ndarray | None = None) -> tuple[Packed, np.ndarray]:
-    """``compress_rows`` on float32 arrays; ``peak``: each row's max |value| when the caller has it."""
     if vals.shape[1] >= _Q8_MIN_DIM:
         if peak is None:
             peak = row_peaks(np.abs(vals))
@@ -251,19 +244,15 @@ def _encode_indices(index: np.ndarray, idx: torch.Tensor, sources: list[torch.Te
     same = next((i for i, w in enumerate(sources) if w is idx), None)
     if same is not None:  # e.g. a bias shares its rows with its embedding
         return _SAME, [_U32.pack(same)]
-    if superset is not None and k and at is not None:  # what the search below finds, known already
-        ref = written[superset]
-        if k == ref.size:
-            return _SAME, [_U32.pack(superset)]
-        bits = np.zeros(ref.size, dtype=bool)
-        bits[at] = True
-        return _SUBSET, [_U32.pack(superset), np.packbits(bits, bitorder="little").tobytes()]
     if superset is not None and k:
         ref = written[superset]
-        at = np.searchsorted(ref, index)
-        # A sorted subset only: a subset decodes in its superset's order.
-        if (at[-1] < ref.size and np.array_equal(ref[np.minimum(at, ref.size - 1)], index)
-                and (k == 1 or bool((np.diff(at) > 0).all()))):
+        if at is None:  # the filter did not say where they sit: search
+            at = np.searchsorted(ref, index)
+            # A sorted subset only: a subset decodes in its superset's order.
+            if not (at[-1] < ref.size and np.array_equal(ref[np.minimum(at, ref.size - 1)], index)
+                    and (k == 1 or bool((np.diff(at) > 0).all()))):
+                at = None
+        if at is not None:
             if k == ref.size:
                 return _SAME, [_U32.pack(superset)]
             bits = np.zeros(ref.size, dtype=bool)

@@ -45,31 +45,24 @@ class RowMean:
 
     def apply(self, params: dict[str, torch.Tensor], contributions: list[RowUpdate], scale: float = 1.0) -> None:
         """``params += scale * row_mean(contributions)`` (or their sum, undivided)."""
-        if not self.divide:
-            for c in contributions:
-                for name, param in params.items():
-                    entry = c.rows.get(name)
-                    if entry is not None and entry[0].numel():
-                        param.index_add_(0, entry[0], entry[1], alpha=scale)
-                    elements = c.elements.get(name) if c.elements else None
-                    if elements is not None and elements[0].numel():
-                        param.view(-1).index_add_(0, elements[1], elements[2], alpha=scale)
-            return
-        for name, counts in self.counts.items():
-            touched = [t for c in contributions if (t := c.touched_rows(name)) is not None and t.numel()]
+        for name, param in params.items():
+            counts = self.counts[name] if self.divide else None
+            touched = [] if counts is None else [
+                t for c in contributions if (t := c.touched_rows(name)) is not None and t.numel()]
             for rows in touched:
                 counts.index_add_(0, rows, self._ones[: rows.numel()])
-            param = params[name]
             for c in contributions:
                 entry = c.rows.get(name)
                 if entry is not None and entry[0].numel():
                     rows, vals = entry
-                    divisor = counts.index_select(0, rows).clamp_(min=1).unsqueeze(1)
-                    param.index_add_(0, rows, vals / divisor, alpha=scale)
+                    if counts is not None:
+                        vals = vals / counts.index_select(0, rows).clamp_(min=1).unsqueeze(1)
+                    param.index_add_(0, rows, vals, alpha=scale)
                 elements = c.elements.get(name) if c.elements else None
                 if elements is not None and elements[0].numel():
                     rows, flat, vals = elements
-                    divisor = counts.index_select(0, rows).clamp_(min=1)
-                    param.view(-1).index_add_(0, flat, vals / divisor, alpha=scale)
+                    if counts is not None:
+                        vals = vals / counts.index_select(0, rows).clamp_(min=1)
+                    param.view(-1).index_add_(0, flat, vals, alpha=scale)
             for rows in touched:
                 counts.index_fill_(0, rows, 0.0)

@@ -10,7 +10,7 @@ whole, which reproduces BSP bit for bit. (NaN, from 0/0, is never significant; �
 δ ≠ 0 always is.)
 
 With ``quantize`` the significant values travel as int8 codes with a per-row scale
-(float16 for narrow rows, see ``ebb.sparse.compress_rows``): about a quarter of the
+(float16 for narrow rows, see ``ebb.sparse.quantize_rows``): about a quarter of the
 bytes. What the rounding leaves out is kept in the accumulator (error feedback, as in
 1-bit SGD and EF-SGD), so the sent and pending parts still add up to every local update.
 """
