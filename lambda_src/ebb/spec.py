@@ -35,9 +35,8 @@ PMF_ADAM_LR = 0.03
 # its touchers' proposals, about one worker's step, so an epoch at P workers advances it
 # about 1/P to 1 of one worker's epoch (PMF + SGD: summing 4 workers' momentum steps
 # stopped improving at ml-latest-small-shaped val RMSE 0.834; the mean goes on to 0.830).
-# sum: every proposal
-# is added, as if the workers had taken their steps one after another, so an epoch does
-# one worker's epoch of progress at any P. Sparse LR trains by Adam, whose proposal is a
+# sum: every proposal is added, as if the workers had taken their steps one after
+# another, so an epoch does one worker's epoch of progress at any P. Sparse LR trains by Adam, whose proposal is a
 # step of about lr whatever the gradient: the mean of P of them moved the features every
 # worker sees (the signal) 1/P as far while a rare feature (one toucher) moved a full
 # step, and 4 workers overfit sooner and worse (Criteo-shaped val log-loss 0.507, against
