@@ -66,6 +66,9 @@ def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict
         "seed": args.seed, "sync.mode": "isp", "sync.significance": args.significance, "scaling.policy": policy,
         "scaling.interval_s": args.interval, "scaling.horizon_s": args.horizon, "scaling.min_workers": args.min_workers,
         **({"scaling.tolerance": args.tolerance} if args.tolerance is not None else {}),
+        **({"scaling.throughput_tolerance": args.throughput_tolerance}
+           if args.throughput_tolerance is not None else {}),
+        "scaling.scale_lr": not args.no_scale_lr,
         "scaling.knee_tolerance": args.knee_tolerance or KNEE_TOLERANCE[model],
         "stop.target_test": target, "stop.eval_every": args.eval_every, "stop.max_seconds": args.max_seconds,
         "stop.max_epochs": args.max_epochs,
@@ -160,6 +163,10 @@ def main(argv=None):
     ap.add_argument("--interval", type=float, default=2.0, help="T, seconds (MLLess: 20 on jobs of minutes)")
     ap.add_argument("--horizon", type=float, default=1.0, help="Δ ≤ T, seconds")
     ap.add_argument("--tolerance", type=float, default=None, help="S (default: the job spec's)")
+    ap.add_argument("--throughput-tolerance", type=float, default=None,
+                    help="the tuner's throughput guard (default: the job spec's; 1 turns it off)")
+    ap.add_argument("--no-scale-lr", action="store_true",
+                    help="keep the learning rate when the fleet shrinks (scaling.scale_lr false)")
     ap.add_argument("--knee-tolerance", type=float, default=None,
                     help="knee: the slope has fallen to this share of the steepest (default: 0.1, the job spec's, "
                          "for PMF, whose early plateau a looser one takes for the knee; 0.2 for sparse LR, whose "

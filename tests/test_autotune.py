@@ -200,8 +200,9 @@ def simulate(
 
 @pytest.fixture(scope="module")
 def cheap_workers_run():
-    """More workers barely help (γ = 0.1) and cost communication time."""
-    return simulate(ScaleInTuner(min_workers=4), noise=0.002)
+    """More workers barely help (γ = 0.1) and cost communication time: MLLess's rule alone
+    (the throughput guard off, since the minibatches per second do fall with each eviction)."""
+    return simulate(ScaleInTuner(min_workers=4, throughput_tolerance=1.0), noise=0.002)
 
 
 def test_tuner_evicts_after_knee_when_workers_add_little(cheap_workers_run):
@@ -237,8 +238,48 @@ def test_tuner_never_evicts_at_or_below_min_workers():
 
 def test_tuner_state_round_trip_keeps_decisions_identical(cheap_workers_run):
     expected, _ = cheap_workers_run
-    resumed, _ = simulate(ScaleInTuner(min_workers=4), noise=0.002, checkpoint_every=97)
+    resumed, _ = simulate(ScaleInTuner(min_workers=4, throughput_tolerance=1.0), noise=0.002, checkpoint_every=97)
     assert resumed == expected
+
+
+def test_throughput_guard_stops_where_the_fleet_would_lose_minibatches_per_second(cheap_workers_run):
+    # The same run with the guard: step time 0.1 + 0.02·p s, so minibatches per second
+    # are 8/0.26 = 30.8 at 8 workers, 29.2 at 7 (0.95 of it) and 27.3 at 6 (0.89): the
+    # guard lets the knee's eviction stand and refuses the one to 6.
+    decisions, tuner = simulate(ScaleInTuner(min_workers=4, throughput_tolerance=0.1), noise=0.002)
+    assert [p for _, _, p, _ in decisions] == [8]
+    refused = [d for d in tuner.decisions if not d["evict"]]
+    assert refused and refused[0]["s_delta"] < tuner.tolerance  # s_Δ alone would have evicted
+    assert refused[0]["throughput"] == pytest.approx((6 / 0.22) / (8 / 0.26), abs=0.01)
+    assert tuner.step_time[8][1] > 100 and tuner.step_time[8][0] / tuner.step_time[8][1] == pytest.approx(0.26)
+    # Its decisions survive a checkpoint like the rest of the tuner's state.
+    resumed, _ = simulate(ScaleInTuner(min_workers=4, throughput_tolerance=0.1), noise=0.002, checkpoint_every=97)
+    assert resumed == decisions
+
+
+def test_throughput_guard_evicts_the_workers_a_fleet_has_past_its_throughput_peak():
+    # Communication grows with the square of the fleet (every worker reads every peer's
+    # updates through one cache node): 24 workers step in 0.02 + 0.0005·p² s, so the
+    # fleet moves the most minibatches a second near p = 6 and as many at 12 as at 24.
+    # The guard lets the tuner go down while the projected throughput stays within 10%.
+    full = 24
+
+    def step_s(p):
+        return 0.02 + 0.0005 * p * p
+
+    tuner = ScaleInTuner(min_workers=2, interval_s=2.0, horizon_s=1.0, throughput_tolerance=0.1)
+    p, progress, elapsed, sizes = full, 0.0, 0.0, []
+    for step in range(3000):
+        progress += p / full  # progress follows the minibatches processed
+        elapsed += step_s(p)
+        tuner.observe(step, elapsed, 1 / (0.02 * progress + 1) + 0.5, p)
+        if tuner.decide(elapsed, p) is not None:
+            p -= 1
+        sizes.append(p)
+    throughput = {q: q / step_s(q) for q in range(2, full + 1)}
+    assert min(sizes) < 16  # it went well below the initial fleet ...
+    assert throughput[min(sizes)] >= 0.9 * throughput[full] - 1e-9  # ... and never below 90% of its throughput
+    assert all(d["throughput"] is not None for d in tuner.decisions[1:])
 
 
 def test_tuner_validates_parameters():
@@ -246,6 +287,8 @@ def test_tuner_validates_parameters():
         ScaleInTuner(interval_s=10, horizon_s=20)
     with pytest.raises(ValueError, match="tolerance"):
         ScaleInTuner(tolerance=1.5)
+    with pytest.raises(ValueError, match="throughput_tolerance"):
+        ScaleInTuner(throughput_tolerance=-0.1)
 
 
 # -------------------------------------------------------------------------- policies

@@ -139,6 +139,9 @@ class ScalingSpec(_Strict):
     knee_tolerance: float = Field(0.1, gt=0, description="knee: the smoothed slope is flatter than this share of "
                                   "the steepest ...")
     knee_patience: int = Field(5, ge=1, description="... for this many checks")
+    throughput_tolerance: float = Field(0.1, ge=0, le=1, description="evict only while the projected minibatches "
+                                        "per second with one worker fewer stay within this share of the initial "
+                                        "fleet's (1: off)")
     schedule: list[ScheduleEntry] = Field(default_factory=list, description="policy schedule: [{epoch: 2, workers: "
                                           "4}, ...] (locally also scale-out)")
     scale_lr: bool = Field(True, description="below the initial fleet P, learning rate × p/P (linear scaling rule)")

@@ -22,6 +22,17 @@ keep them" and a negative s_Δ means the smaller fleet is ahead (fewer workers a
 make each step faster). This is the sense MLLess describes for Eq. (1) ("can be
 negative, which means that system throughput is indeed better"); written literally as
 ``(L_P − ℓ_p)/L_P < S`` the condition would evict exactly when fewer workers do worse.
+
+Throughput guard (not in MLLess): an interval's eviction also needs the fleet's projected
+throughput after it, in minibatches per second ``(p − 1)/d_{p−1}``, to stay within
+``throughput_tolerance`` of the full fleet's ``P/d_P``. ``d_{p−1}`` is extrapolated from
+the step durations measured at each fleet size so far (a straight line in p: a worker
+reads every peer's updates). s_Δ compares fitted curves extrapolated past the knee, and
+on a fleet where every worker owns its CPU a sparse model's progress follows the
+minibatches it processes: there s_Δ stayed below S down to ``min_workers`` while the
+time to target grew by a third (docs/RESULTS.md, "The auto-tuner on the fleet clock").
+The guard keeps the evictions that cost (almost) no throughput — the workers a fleet has
+beyond the point where its step time grows as fast as its size — and refuses the rest.
 """
 
 from __future__ import annotations
@@ -52,6 +63,14 @@ DEFAULT_S = 0.02
 # curves too (k = 1: up to 1.9%; k = 4: 4.6% for PMF).
 DEFAULT_REFERENCE_RECENCY = 2.0
 
+# Default throughput tolerance: the time to target can grow by at most about
+# 1/(1 − 0.1) on the part of the job after the knee, inside the 10% the scale-in may cost.
+DEFAULT_THROUGHPUT_TOLERANCE = 0.1
+
+# Steps a fleet size needs before its mean step duration counts (durations vary far
+# less than losses do, so fewer than the fits' min_fit_points).
+MIN_TIMED_STEPS = 3
+
 # Fits use at most this many evenly spaced smoothed points: the smoothed curve carries
 # no more information at a finer spacing, and the solver's cost grows with the count.
 MAX_FIT_POINTS = 200
@@ -71,6 +90,9 @@ class ScaleInTuner:
     heavier EWMA lags the curve.
     ``reference_recency``: how much more the fit of ``L_P`` weights recent steps
     (see ``DEFAULT_REFERENCE_RECENCY``).
+    ``throughput_tolerance``: after the knee, evict only while the projected minibatches
+    per second with one worker fewer stay within this share of the full fleet's (1
+    turns the guard off; see the module docstring).
     """
 
     def __init__(
@@ -86,6 +108,7 @@ class ScaleInTuner:
         min_fit_points: int = 10,
         fit_alpha: float = 0.3,
         reference_recency: float = DEFAULT_REFERENCE_RECENCY,
+        throughput_tolerance: float = DEFAULT_THROUGHPUT_TOLERANCE,
     ):
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
@@ -101,7 +124,10 @@ class ScaleInTuner:
             raise ValueError(f"fit_alpha must be in (0, 1], got {fit_alpha}")
         if not reference_recency >= 0.0:
             raise ValueError(f"reference_recency must be >= 0, got {reference_recency}")
+        if not 0.0 <= throughput_tolerance <= 1.0:
+            raise ValueError(f"throughput_tolerance must be in [0, 1], got {throughput_tolerance}")
         self.reference_recency = float(reference_recency)
+        self.throughput_tolerance = float(throughput_tolerance)
         self.interval_s = float(interval_s)
         self.horizon_s = float(horizon_s)
         self.tolerance = float(tolerance)
@@ -123,6 +149,10 @@ class ScaleInTuner:
         self.last_s_delta: float | None = None
         self.evictions: list[dict] = []  # one record per eviction decision
         self.decisions: list[dict] = []  # one record per interval check after the knee (why it did or did not evict)
+        # Step durations per fleet size, {p: [seconds, steps]}, for the throughput guard,
+        # and the last observation (step, elapsed, workers) they are measured from.
+        self.step_time: dict[int, list[float]] = {}
+        self._last: tuple[int, float, int] | None = None
 
     # -- feeding -----------------------------------------------------------------------
 
@@ -132,6 +162,7 @@ class ScaleInTuner:
         Non-finite losses are ignored (a diverging run is the stop criteria's business,
         and one NaN would poison every fit).
         """
+        self._tally_step_time(int(step), float(elapsed_s), int(workers))
         loss = float(loss)
         if not math.isfinite(loss):
             return
@@ -144,6 +175,17 @@ class ScaleInTuner:
         self._elapsed.append(float(elapsed_s))
         self._losses.append(loss)
         self._workers.append(int(workers))
+
+    def _tally_step_time(self, step: int, elapsed_s: float, workers: int) -> None:
+        # Only intervals wholly at one fleet size: the step a change takes effect in
+        # carries the new count, so its duration is the first of the new size.
+        if self._last is not None:
+            last_step, last_elapsed, last_workers = self._last
+            if last_workers == workers and step > last_step and elapsed_s >= last_elapsed:
+                tally = self.step_time.setdefault(workers, [0.0, 0])
+                tally[0] += elapsed_s - last_elapsed
+                tally[1] += step - last_step
+        self._last = (step, elapsed_s, workers)
 
     # -- deciding ----------------------------------------------------------------------
 
@@ -192,12 +234,17 @@ class ScaleInTuner:
         self.next_decision_s = float(elapsed_s) + self.interval_s
         s_delta = self.s_delta(steps[-1], local, _mean_step_duration(steps, elapsed))
         self.last_s_delta = s_delta
-        evict = s_delta is not None and s_delta < self.tolerance
+        throughput = self.throughput_after_eviction(workers)
+        keeps_pace = throughput is None or throughput >= 1.0 - self.throughput_tolerance
+        evict = s_delta is not None and s_delta < self.tolerance and keeps_pace
         self.decisions.append({"step": steps[-1], "elapsed_s": round(float(elapsed_s), 3), "workers": int(workers),
-                               "s_delta": s_delta, "evict": evict})
+                               "s_delta": s_delta,
+                               "throughput": None if throughput is None else round(throughput, 4), "evict": evict})
         if not evict:
             return None
         reason = f"s_delta={s_delta:.4f} < S={self.tolerance:g} at step {steps[-1]} with {workers} workers"
+        if throughput is not None:
+            reason += f", throughput after {throughput:.3f} of the full fleet's"
         self._record_eviction(elapsed_s, workers, reason, s_delta=s_delta)
         return reason
 
@@ -212,6 +259,29 @@ class ScaleInTuner:
         if not (math.isfinite(expected_full) and math.isfinite(expected_now)) or expected_full <= 0:
             return None
         return (expected_now - expected_full) / expected_full
+
+    def throughput_after_eviction(self, workers: int) -> float | None:
+        """Projected minibatches per second with ``workers − 1``, as a share of the full
+        fleet's; None while either is unmeasured or the guard is off.
+
+        The step duration at ``p − 1`` is the one measured at ``p`` less the slope of a
+        straight line through every size measured so far, kept between "no faster"
+        (slope 0: a CPU-bound step) and "faster in proportion" (the fleet's throughput
+        unchanged), the range a step whose reads grow with the fleet can take.
+        """
+        if self.throughput_tolerance >= 1.0 or self.reference_workers is None:
+            return None
+        measured = {p: seconds / count for p, (seconds, count) in self.step_time.items()
+                    if count >= MIN_TIMED_STEPS and seconds > 0}
+        full, now = measured.get(self.reference_workers), measured.get(workers)
+        if full is None or now is None or workers < 2:
+            return None
+        slope = 0.0
+        if len(measured) >= 2:
+            sizes = np.array(sorted(measured), dtype=float)
+            slope = float(np.polyfit(sizes, [measured[int(p)] for p in sizes], 1)[0])
+        after = min(now, max(now - slope, now * (workers - 1) / workers))
+        return ((workers - 1) / after) / (self.reference_workers / full)
 
     def _record_eviction(self, elapsed_s: float, workers: int, reason: str, s_delta: float | None) -> None:
         self.evictions.append(
@@ -242,6 +312,7 @@ class ScaleInTuner:
             "min_fit_points": self.min_fit_points,
             "fit_alpha": self.fit_alpha,
             "reference_recency": self.reference_recency,
+            "throughput_tolerance": self.throughput_tolerance,
         }
 
     def state_dict(self) -> dict:
@@ -261,6 +332,8 @@ class ScaleInTuner:
             "last_s_delta": self.last_s_delta,
             "evictions": [dict(record) for record in self.evictions],
             "decisions": [dict(record) for record in self.decisions],
+            "step_time": {str(p): list(tally) for p, tally in self.step_time.items()},
+            "last": None if self._last is None else list(self._last),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -279,6 +352,9 @@ class ScaleInTuner:
         self.last_s_delta = state["last_s_delta"]
         self.evictions = [dict(record) for record in state["evictions"]]
         self.decisions = [dict(record) for record in state.get("decisions", [])]
+        self.step_time = {int(p): [float(t[0]), int(t[1])] for p, t in state.get("step_time", {}).items()}
+        last = state.get("last")
+        self._last = None if last is None else (int(last[0]), float(last[1]), int(last[2]))
 
     @classmethod
     def from_state_dict(cls, state: dict) -> ScaleInTuner:
