@@ -14,7 +14,8 @@ import torch
 from ebb.data.format import part_key
 from ebb.engine.isp import SignificanceFilter
 from ebb.engine.striping import PartSequence, position_of
-from ebb.engine.worker import Worker, load_manifest
+from ebb.engine.worker import PartCache, Worker, batch_nbytes, load_manifest
+from ebb.models import build_model
 from ebb.local.redis_server import RedisServer
 from ebb.local.runner import JobFailed, run_local
 from ebb.sparse import RowUpdate
@@ -393,3 +394,31 @@ def test_child_setup_runs_first_in_every_worker_process(small_ratings, tmp_path)
     pids = {p.name: int(p.read_text()) for p in marks.iterdir()}
     assert set(pids) == {"worker-0"}
     assert pids["worker-0"] != os.getpid()
+
+
+def test_the_part_cache_holds_at_most_its_byte_budget_dropping_the_oldest(small_logistic):
+    # Workers visit every part in time (re-striped each epoch): a count bound let each
+    # worker keep the whole converted dataset.
+    store = FolderObjectStore(small_logistic[0])
+    manifest = load_manifest(store)
+    model = build_model("sparse_lr", manifest, load_spec(overrides={"model": "sparse_lr", "data": "x"}).hyper, 0)
+    part = PartCache(store, manifest, model, max_bytes=0).get(0)
+    size = batch_nbytes(part)
+    assert size >= 1000 * 10 * 4  # 1,000 rows of 10 values: at least their float32 values
+    cache = PartCache(store, manifest, model, max_bytes=2 * size + size // 2)
+    parts = len(manifest.train.parts)
+    assert parts >= 4
+    for i in range(parts):
+        cache.get(i)
+    assert cache.held_bytes <= cache.max_bytes and cache.gets == parts
+    cache.get(parts - 1)  # the newest is held: no read
+    assert cache.gets == parts
+    cache.get(0)  # the oldest went: read again
+    assert cache.gets == parts + 1
+    assert PartCache(store, manifest, model, max_bytes=0).held_bytes == 0
+
+
+def test_a_workers_part_cache_budget_defaults_to_a_quarter_of_its_memory():
+    spec = load_spec(overrides={"model": "pmf", "data": "x", "aws.memory_mb": 2048})
+    assert spec.aws.part_cache_bytes() == 512 << 20
+    assert load_spec(overrides={"model": "pmf", "data": "x", "aws.part_cache_mb": 0}).aws.part_cache_bytes() == 0

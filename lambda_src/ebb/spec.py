@@ -188,11 +188,19 @@ class AwsSpec(_Strict):
 
     memory_mb: int = Field(1769, ge=128, le=10240, description="Lambda memory per worker (1769 MB = one vCPU)")
     supervisor_memory_mb: int = Field(512, ge=128, le=10240, description="the supervisor's")
+    part_cache_mb: int | None = Field(None, ge=0, description="minibatches a worker keeps decoded in memory "
+                                      "(default: a quarter of memory_mb; 0: none)")
     arch: Literal["x86_64", "arm64"] = Field("x86_64", description="x86_64 | arm64")
     cache_node_type: str = Field("cache.t4g.medium", description="the cache's node type")
     cache_nodes: int = Field(1, ge=1, description="and its nodes")
     signal_channel: Literal["redis", "sns_sqs"] = Field("redis", description="redis | sns_sqs (one job at a time "
                                                         "per deployment)")
+
+
+    def part_cache_bytes(self) -> int:
+        """A worker's budget for decoded minibatches, in bytes."""
+        mb = self.memory_mb // 4 if self.part_cache_mb is None else self.part_cache_mb
+        return mb << 20
 
 
 class ClockSpec(_Strict):

@@ -47,7 +47,7 @@ def evaluate(spec: JobSpec, data: ObjectStore, replica: dict[str, np.ndarray]) -
     model = build_model(spec.model, manifest, spec.hyper, spec.seed)
     for n, p in model.params.items():
         p.copy_(torch.from_numpy(replica[n]))
-    cache = PartCache(data, manifest, model, split="test", capacity=1)
+    cache = PartCache(data, manifest, model, split="test", max_bytes=0)
     return model.evaluate(cache.get(i) for i in range(len(manifest.test.parts)))
 
 

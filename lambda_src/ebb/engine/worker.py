@@ -28,6 +28,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ebb.data.format import MANIFEST_KEY, Manifest, checksum, decode_batch, encode_batch
@@ -128,15 +129,39 @@ def load_manifest(objects: ObjectStore) -> Manifest:
         raise EngineError("no manifest.json in the dataset: prepare it with `ebb prepare` first") from None
 
 
+def batch_nbytes(batch) -> int:
+    """Bytes of the tensors and arrays a converted minibatch holds (in dataclasses, tuples, lists, dicts)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.element_size() * batch.nelement()
+    if isinstance(batch, np.ndarray):
+        return int(batch.nbytes)
+    if isinstance(batch, dict):
+        return sum(batch_nbytes(v) for v in batch.values())
+    if isinstance(batch, (tuple, list)):
+        return sum(batch_nbytes(v) for v in batch)
+    if hasattr(batch, "__dataclass_fields__"):
+        return sum(batch_nbytes(getattr(batch, name)) for name in batch.__dataclass_fields__)
+    return 0
+
+
 class PartCache:
-    """Training parts, verified against the manifest and converted once per worker (LRU)."""
+    """Training parts, verified against the manifest and converted once per worker (LRU).
+
+    Bounded by bytes, not parts: minibatches are re-striped every epoch, so a worker
+    visits every part in time, and a count bound let each worker of a 1M-row sparse LR
+    job hold the whole converted dataset (1.1 GB at 8 workers: a Lambda function of
+    1,769 MB, or 24 local workers on 24 GB, ran out of memory).
+    """
 
     def __init__(
-        self, objects: ObjectStore, manifest: Manifest, model: Model, split: str = "train", capacity: int = 4096
+        self, objects: ObjectStore, manifest: Manifest, model: Model, split: str = "train",
+        max_bytes: int = 256 << 20,
     ):
-        self.objects, self.model, self.capacity = objects, model, capacity
+        self.objects, self.model, self.max_bytes = objects, model, max_bytes
         self.infos = getattr(manifest, split).parts
         self._cache: OrderedDict[int, object] = OrderedDict()
+        self._sizes: dict[int, int] = {}
+        self.held_bytes = 0
         self.gets = 0  # object-store reads since last asked (S3 GETs on AWS)
 
     def get(self, index: int):
@@ -156,9 +181,13 @@ class PartCache:
                 f"dataset part {info.key} cannot be read as a minibatch ({type(exc).__name__}: "
                 f"{str(exc)[:120]}); prepare the dataset again"
             ) from None
-        self._cache[index] = batch
-        if len(self._cache) > self.capacity:
-            self._cache.popitem(last=False)
+        size = batch_nbytes(batch)
+        if size <= self.max_bytes:
+            self._cache[index], self._sizes[index] = batch, size
+            self.held_bytes += size
+            while self.held_bytes > self.max_bytes:
+                oldest, _ = self._cache.popitem(last=False)
+                self.held_bytes -= self._sizes.pop(oldest)
         return batch
 
 
@@ -212,7 +241,7 @@ class Worker:
         self.data, self.checkpoints, self.updates, self.signals = data, checkpoints, updates, signals
         self.manifest = load_manifest(data)
         self.model = model or build_model(spec.model, self.manifest, spec.hyper, spec.seed)
-        self.parts = PartCache(data, self.manifest, self.model)
+        self.parts = PartCache(data, self.manifest, self.model, max_bytes=spec.aws.part_cache_bytes())
         self.sequence = PartSequence(len(self.manifest.train.parts), spec.seed)
         self.mode = sync_mode(spec)
         self.slack = spec.sync.slack if self.mode == "ssp" else 0
@@ -534,7 +563,8 @@ class Worker:
             return
         started, cpu = time.perf_counter(), time.process_time()
         if self._test_parts is None:
-            self._test_parts = PartCache(self.data, self.manifest, self.model, split=split)
+            self._test_parts = PartCache(self.data, self.manifest, self.model, split=split,
+                                         max_bytes=self.spec.aws.part_cache_bytes())
         metrics = self.model.evaluate(self._test_parts.get(i) for i in range(len(self._test_parts.infos)))
         epoch = (self.cursor + len(self.members)) / self.sequence.num_parts
         self._test_result = {"step": k, "split": split, "epoch": round(epoch, 4), "metrics": metrics}

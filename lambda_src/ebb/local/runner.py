@@ -48,12 +48,23 @@ def checkpoints_location(spec: JobSpec) -> str:
     return join_location(spec.out_location, "checkpoints")
 
 
+def _share_host_memory(spec: JobSpec) -> JobSpec:
+    """The spec with each worker's part cache within a quarter of this machine's memory
+    shared by the fleet: locally every worker's cache is on one host, not in a Lambda of
+    its own (24 workers of 1,769 MB budgets would ask for 10 GB)."""
+    host_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
+    share_mb = host_mb // 4 // max(1, spec.workers)
+    if (spec.aws.part_cache_bytes() >> 20) <= share_mb:
+        return spec
+    return spec.model_copy(update={"aws": spec.aws.model_copy(update={"part_cache_mb": share_mb})})
+
+
 def _worker_process(spec_json: str, start: WorkerStart, urls: list[str], job: str,
                     child_setup: Callable[[int], None] | None = None) -> None:
     die_with_parent()
     if child_setup is not None:  # before anything connects (e.g. a benchmark moves us into a shaped network)
         child_setup(start.worker)
-    spec = JobSpec.model_validate_json(spec_json)
+    spec = _share_host_memory(JobSpec.model_validate_json(spec_json))
     setproctitle(f"ebb worker {start.worker} {spec.name}")  # so an operator (and a fault test) can pick one
     torch.set_num_threads(1)
     # Ctrl-C reaches the whole process group: the parent stops us, quietly, in order.
