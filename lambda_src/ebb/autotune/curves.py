@@ -31,6 +31,11 @@ from scipy.optimize import least_squares, nnls
 _MIN_DENOMINATOR = 1e-12
 # How many of the best grid starts are refined by the non-linear solver.
 _REFINED_STARTS = 3
+# Solver evaluations per start. The supervisor fits in its step loop, so a fit must stay
+# well inside a worker's patience even on a loaded host: at 500 evaluations and 1e-10
+# tolerances a fit of a few dozen noisy points took up to 1 s (and over 16 s on a host
+# at load 70, which made the waiting workers give the supervisor up).
+_MAX_EVALUATIONS = 100
 # Candidate asymptotes θ3, as fractions of the smallest observed (normalised) loss.
 _ASYMPTOTE_FRACTIONS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.995)
 # Candidate exponents θ1 of the reference curve (SGD: between 1/2 and 1, give it room).
@@ -151,10 +156,10 @@ def _fit(
                 bounds=(0.0, np.inf),
                 method="trf",
                 x_scale="jac",
-                ftol=1e-10,
-                xtol=1e-10,
-                gtol=1e-10,
-                max_nfev=500,
+                ftol=1e-8,
+                xtol=1e-8,
+                gtol=1e-8,
+                max_nfev=_MAX_EVALUATIONS,
             )
         except (ValueError, FloatingPointError, np.linalg.LinAlgError):
             continue

@@ -266,6 +266,7 @@ class Supervisor:
                 closed += 1
             if closed:  # the supervisor's own time per step: reading reports, closing, deciding
                 self.handling_ms += [1000 * (time.perf_counter() - busy) / closed] * closed
+                self.updates.heartbeat(SUPERVISOR, wall())  # scoring and the tuner's fits take a while
             if not reports:
                 self._check_liveness()
                 if self.job_clock.round_elapsed() > self.round_seconds + ROUND_GRACE_S:
