@@ -72,7 +72,8 @@ def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict
         "scaling.knee_tolerance": args.knee_tolerance or KNEE_TOLERANCE[model],
         "stop.target_test": target, "stop.eval_every": args.eval_every, "stop.max_seconds": args.max_seconds,
         "stop.max_epochs": args.max_epochs,
-        "out": fresh_out(DATA / "runs" / f"autotune-{model}-{policy}-{args.clock}-{args.workers}"),
+        "out": fresh_out(DATA / "runs" / f"autotune-{model}-{policy}-{args.clock}-{args.workers}"
+                                        f"{'-' + Path(args.json).stem if args.json else ''}"),
         **{f"hyper.{k}": v for k, v in hyper.items()}})
     print(f"-- {model}, {args.workers} workers, tuner {'on' if policy == 'autotune' else 'off'} ({args.clock} clock)",
           flush=True)
