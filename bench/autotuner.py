@@ -68,7 +68,7 @@ def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict
         **({"scaling.tolerance": args.tolerance} if args.tolerance is not None else {}),
         **({"scaling.throughput_tolerance": args.throughput_tolerance}
            if args.throughput_tolerance is not None else {}),
-        "scaling.scale_lr": not args.no_scale_lr,
+        **({"scaling.scale_lr": args.scale_lr == "on"} if args.scale_lr else {}),
         "scaling.knee_tolerance": args.knee_tolerance or KNEE_TOLERANCE[model],
         "stop.target_test": target, "stop.eval_every": args.eval_every, "stop.max_seconds": args.max_seconds,
         "stop.max_epochs": args.max_epochs,
@@ -166,8 +166,9 @@ def main(argv=None):
     ap.add_argument("--tolerance", type=float, default=None, help="S (default: the job spec's)")
     ap.add_argument("--throughput-tolerance", type=float, default=None,
                     help="the tuner's throughput guard (default: the job spec's; 1 turns it off)")
-    ap.add_argument("--no-scale-lr", action="store_true",
-                    help="keep the learning rate when the fleet shrinks (scaling.scale_lr false)")
+    ap.add_argument("--lr", type=float, default=None, help="sparse LR's learning rate (default: the spec's)")
+    ap.add_argument("--scale-lr", choices=["on", "off"], default=None,
+                    help="scaling.scale_lr: scale the learning rate by p/P as the fleet shrinks (default: the spec's)")
     ap.add_argument("--knee-tolerance", type=float, default=None,
                     help="knee: the slope has fallen to this share of the steepest (default: 0.1, the job spec's, "
                          "for PMF, whose early plateau a looser one takes for the knee; 0.2 for sparse LR, whose "
@@ -218,7 +219,7 @@ def main(argv=None):
         else:
             data_dir, meta = logistic_dataset(args.lr_rows, args.seed, args.lr_data)
             target, hyper = args.lr_target or (1.008 * meta["bayes_logloss"] if args.lr_data == "planted"
-                                               else CRITEO_TARGET), {}
+                                               else CRITEO_TARGET), ({"lr": args.lr} if args.lr else {})
         runs: dict[str, list[dict]] = {policy: [] for policy in args.arms.split(",")}
         for _ in range(args.repeats):
             for policy in runs:  # interleaved, so machine noise hits both alike

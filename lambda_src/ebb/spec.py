@@ -144,7 +144,8 @@ class ScalingSpec(_Strict):
                                         "fleet's (1: off)")
     schedule: list[ScheduleEntry] = Field(default_factory=list, description="policy schedule: [{epoch: 2, workers: "
                                           "4}, ...] (locally also scale-out)")
-    scale_lr: bool = Field(True, description="below the initial fleet P, learning rate × p/P (linear scaling rule)")
+    scale_lr: bool = Field(False, description="below the initial fleet P, learning rate × p/P (linear scaling "
+                           "rule; sync.combine mean only)")
 
     @model_validator(mode="after")
     def _check(self):

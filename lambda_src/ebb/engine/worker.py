@@ -354,10 +354,11 @@ class Worker:
         period = default_eval_every(self.spec, self.sequence.num_parts)
         lr = self.base_lr * self.spec.hyper.lr_decay ** (self.step // period)
         if self.spec.scaling.scale_lr and len(self.members) < self.spec.workers and self.spec.sync.combine == "mean":
-            # Linear scaling rule: a row's step is the mean of its touchers' proposals, so
-            # a smaller fleet would take equally long but noisier steps and settle on a
-            # higher loss. Summed updates (sync.combine sum, as MLLess) shrink with the
-            # fleet by themselves.
+            # Linear scaling rule (off by default): a row's step is the mean of its
+            # touchers' proposals, so a smaller fleet takes equally long but noisier steps.
+            # On the fleet clock the rows most workers touch were not what limited PMF
+            # after the knee: scaling slowed every row and cost the tuner's jobs 4-8% of
+            # their time (docs/RESULTS.md). Summed updates shrink with the fleet by themselves.
             lr *= len(self.members) / self.spec.workers
         self.model.optimizer.lr = lr
 
