@@ -395,3 +395,22 @@ def test_cli_prepare_val_fraction(tmp_path, capsys):
     assert manifest["val"]["rows"] == 150 and (out / "val" / "part-000001").is_file()
     assert main([*prepare, "--val-fraction", "0.95"]) == 2
     assert "--test-fraction + --val-fraction must be below 1, got 0.1 + 0.95" in capsys.readouterr().err
+
+
+def test_decoding_retries_once_past_python_311s_spurious_ast_error(monkeypatch):
+    import ebb.data.format as fmt
+
+    blob = fmt.encode_batch({"label": np.arange(3, dtype=np.float32)})
+    real, calls = fmt._decode_npz, []
+
+    def flaky(data):
+        calls.append(1)
+        if len(calls) == 1:
+            raise SystemError("AST constructor recursion depth mismatch (before=45, after=42)")
+        return real(data)
+
+    monkeypatch.setattr(fmt, "_decode_npz", flaky)
+    assert fmt.decode_batch(blob)["label"].tolist() == [0.0, 1.0, 2.0] and len(calls) == 2
+    monkeypatch.setattr(fmt, "_decode_npz", lambda data: (_ for _ in ()).throw(SystemError("something else")))
+    with pytest.raises(SystemError, match="something else"):
+        fmt.decode_batch(blob)

@@ -49,6 +49,20 @@ def encode_batch(arrays: dict[str, np.ndarray]) -> bytes:
 
 
 def decode_batch(data: bytes) -> dict[str, np.ndarray]:
+    """The arrays of an encoded batch (an .npz)."""
+    try:
+        return _decode_npz(data)
+    except SystemError as exc:
+        # numpy reads each .npy header with ast.literal_eval, and Python 3.11's AST
+        # constructor can raise a spurious "AST constructor recursion depth mismatch"
+        # (CPython gh-106905; seen once in a forked worker process). Each call starts
+        # its count afresh, and decoding is pure: one retry.
+        if "recursion depth mismatch" not in str(exc):
+            raise
+        return _decode_npz(data)
+
+
+def _decode_npz(data: bytes) -> dict[str, np.ndarray]:
     with np.load(io.BytesIO(data), allow_pickle=False) as npz:
         return {name: npz[name] for name in npz.files}
 
