@@ -41,27 +41,33 @@ def _workers_of(job: str) -> dict[int, psutil.Process]:
     return out
 
 
-class Injector(threading.Thread):
-    """Waits until a job's workers have trained a while, then does something to one of them."""
+class Injector:
+    """A metrics sink that, when the job closes step ``at_step``, does something to its workers.
 
-    def __init__(self, job: str, action, after_s: float = 0.6):
-        super().__init__(daemon=True)
-        self.job, self.action, self.after_s = job, action, after_s
-        self.done = threading.Event()
+    It runs in the supervisor's thread, so the job cannot finish before the fault is in: a
+    fast machine once finished a whole test job inside a fixed 0.6 s wait."""
+
+    def __init__(self, job: str, action, at_step: int = 3):
+        self.job, self.action, self.at_step = job, action, at_step
         self.error: Exception | None = None
+        self.acted = False
 
-    def run(self):
+    def step(self, record: dict) -> None:
+        if self.acted or record["step"] < self.at_step:
+            return
+        self.acted = True
         try:
-            deadline = time.monotonic() + 60
-            while len(_workers_of(self.job)) < 4:
-                assert time.monotonic() < deadline, "the workers never started"
-                time.sleep(0.02)
-            time.sleep(self.after_s)
-            self.action(_workers_of(self.job))
+            workers = _workers_of(self.job)
+            assert len(workers) == 4, f"workers found: {sorted(workers)}"
+            self.action(workers)
         except Exception as exc:  # surfaced by the test
             self.error = exc
-        finally:
-            self.done.set()
+
+    def close(self, report: dict) -> None:
+        pass
+
+    def check(self) -> None:
+        assert self.acted and self.error is None, self.error or f"step {self.at_step} never came"
 
 
 def test_a_worker_killed_mid_job_is_evicted_and_the_job_finishes_as_well(small_ratings, tmp_path):
@@ -69,14 +75,13 @@ def test_a_worker_killed_mid_job_is_evicted_and_the_job_finishes_as_well(small_r
     clean, _ = run_local(_spec(data_dir, tmp_path / "clean"))
     spec = _spec(data_dir, tmp_path / "faulty", name="kill-a-worker")
     injector = Injector(spec.name, lambda workers: workers[2].send_signal(signal.SIGKILL))
-    injector.start()
-    report, _ = run_local(spec)
-    injector.join()
-    assert injector.error is None, injector.error
+    report, _ = run_local(spec, injector)
+    injector.check()
     lost = [e for e in report["scale_events"] if e["action"] == "lost"]
     assert [(e["worker"], e["reason"]) for e in lost] == [(2, "was killed by signal 9 (SIGKILL)")]
     assert report["status"] == "max_epochs" and report["workers"] == {"initial": 4, "final": 3}
-    assert report["test_metrics"]["rmse"] == pytest.approx(clean["test_metrics"]["rmse"], rel=0.02)
+    # three workers take more steps for the same epochs, so "as well" is "no more than 2% worse"
+    assert report["test_metrics"]["rmse"] <= 1.02 * clean["test_metrics"]["rmse"]
 
 
 def test_a_stalled_worker_is_evicted_and_no_healthy_worker_crashes(small_ratings, tmp_path):
@@ -89,10 +94,8 @@ def test_a_stalled_worker_is_evicted_and_no_healthy_worker_crashes(small_ratings
         stopped.append(workers[1])
 
     injector = Injector(spec.name, stall)
-    injector.start()
-    report, _ = run_local(spec)
-    injector.join()
-    assert injector.error is None, injector.error
+    report, _ = run_local(spec, injector)
+    injector.check()
     (lost,) = [e for e in report["scale_events"] if e["action"] == "lost"]
     assert lost["worker"] == 1 and lost["reason"].startswith("went silent (no heartbeat for ")
     assert report["status"] == "max_epochs" and report["workers"]["final"] == 3
@@ -104,17 +107,18 @@ def test_a_worker_stalled_longer_than_a_socket_timeout_is_waited_for(small_ratin
     data_dir, _ = small_ratings
     spec = _spec(data_dir, tmp_path, name="stall-wait", **{"faults.worker_timeout_s": 60, "stop.max_epochs": 6})
 
+    resumes = []
+
     def stall(workers):
         workers[3].send_signal(signal.SIGSTOP)
-        time.sleep(8)
-        workers[3].send_signal(signal.SIGCONT)
+        resumes.append(threading.Timer(8, workers[3].send_signal, (signal.SIGCONT,)))
+        resumes[0].start()
 
-    injector = Injector(spec.name, stall, after_s=0.2)
-    injector.start()
+    injector = Injector(spec.name, stall, at_step=1)
     started = time.monotonic()
-    report, _ = run_local(spec)
-    injector.join()
-    assert injector.error is None, injector.error
+    report, _ = run_local(spec, injector)
+    injector.check()
+    resumes[0].join()
     assert time.monotonic() - started > 8
     assert report["status"] == "max_epochs" and report["workers"]["final"] == 4 and report["scale_events"] == []
 
