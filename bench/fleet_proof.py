@@ -11,7 +11,11 @@ namespaces joined by a bridge (addresses in 10.213.0.0/24, nothing else touched)
 Each worker process is forked by the local runner and, through the runner's
 ``child_setup`` hook, enters its own namespace (``setns``) before it opens a connection, so
 every byte it sends or reads crosses its own token-bucket-limited link (``tbf`` on the
-egress of both ends of its veth: upload and download). The supervisor stays here.
+egress of both ends of its veth: upload and download). The supervisor stays here. The
+buckets hold 0.25 ms of the rate, so a link is a rate as the clock assumes, and every
+sender hands its veth TCP segments no larger than a bucket (``gso_max_size``), so tbf
+never splits them into single frames: the host's CPU is the workers', not the network
+emulation's.
 
 For each link rate and sync model the job runs to a fixed number of steps with
 ``clock.kind: fleet`` and the clock's parameters set to the shaped network's: the link
@@ -103,7 +107,21 @@ def burst_bytes(mb_s: float, burst_ms: float) -> int:
     """The token bucket's size: ``burst_ms`` of the rate (a few frames at least). A bucket
     refills while a worker computes, so whatever it holds crosses the link at once: kept
     small, the link is a rate, as the fleet clock assumes."""
-    return max(4 * 1514, int(mb_s * 1e6 * burst_ms / 1e3))
+    return max(4 * FRAME_BYTES, int(mb_s * 1e6 * burst_ms / 1e3))
+
+
+FRAME_BYTES = 1514
+GSO_DEFAULT_BYTES = 65536
+
+
+def segment_bytes(bucket: int) -> int:
+    """The largest TCP segment a sender may hand its veth (``gso_max_size``) so that tbf
+    passes it whole: one frame short of the bucket. The kernel builds segments of up to
+    64 KB (segmentation offload) and tbf splits any larger than its bucket into 1.5 KB
+    frames, each then crossing the veth, the bridge and the receiver's stack alone: with
+    0.25 ms buckets that cost the redis-server 19 ms of CPU a step (PMF BSP, 75 MB/s) on
+    the 2 cores the workers run on, and the host, not the link, set the pace."""
+    return max(2 * FRAME_BYTES, min(GSO_DEFAULT_BYTES, bucket - FRAME_BYTES))
 
 
 def tbf(dev: str, ns: str | None, mb_s: float | None, burst_ms: float) -> None:
@@ -121,6 +139,7 @@ class ShapedNet:
 
     def __init__(self, workers: int, burst_ms: float):
         self.workers, self.burst_ms = workers, burst_ms
+        self.gso_bytes = GSO_DEFAULT_BYTES
         self.hub = ns_name("hub")
 
     def up(self) -> ShapedNet:
@@ -156,6 +175,13 @@ class ShapedNet:
             tbf(f"{PREFIX}-hw{w}", self.hub, link_mb_s, self.burst_ms)
         tbf(f"{PREFIX}-redis", ns_name("redis"), node_mb_s, self.burst_ms)
         tbf(f"{PREFIX}-hredis", self.hub, node_mb_s, self.burst_ms)
+        # Senders (workers, redis-server) segment for the smallest bucket any byte crosses.
+        buckets = [burst_bytes(r, self.burst_ms) for r in (link_mb_s, node_mb_s) if r is not None]
+        gso = segment_bytes(min(buckets)) if buckets else GSO_DEFAULT_BYTES
+        for dev, ns in [*((f"{PREFIX}-w{w}", ns_name(f"w{w}")) for w in range(self.workers)),
+                        (f"{PREFIX}-redis", ns_name("redis"))]:
+            sh("ip", "link", "set", "dev", dev, "gso_max_size", str(gso), ns=ns)
+        self.gso_bytes = gso
 
     def down(self) -> None:
         cleanup()
@@ -238,10 +264,12 @@ def _probe_child(url: str, worker: int, mb: int, pings: int, out) -> None:
               "up_mb_s": statistics.median(ups), "down_mb_s": statistics.median(downs)})
 
 
-def _sized_child(url: str, worker: int, barrier, out, repeats: int = 20) -> None:
+def _sized_child(url: str, worker: int, barrier, out, refill_s: float, repeats: int = 20) -> None:
     """In worker ``worker``'s namespace, in step with every other worker's child: SET then
     GET a payload of each size at the same moment as the others, as a barrier step moves
-    its bytes (every link busy, the one redis-server serving them all)."""
+    its bytes (every link busy, the one redis-server serving them all). Each transfer
+    starts from a full bucket (``refill_s`` idle first), as a step's does: a worker
+    computes for milliseconds between its transfers."""
     import redis
 
     enter_worker_netns(worker)
@@ -251,10 +279,12 @@ def _sized_child(url: str, worker: int, barrier, out, repeats: int = 20) -> None
     for size in SIZED_PROBE_BYTES:
         samples = []
         for _ in range(repeats):
+            time.sleep(refill_s)
             barrier.wait()
             t0 = time.perf_counter()
             r.set(key, blob[:size])
             took = time.perf_counter() - t0
+            time.sleep(refill_s)
             barrier.wait()
             t0 = time.perf_counter()
             r.get(key)
@@ -265,7 +295,7 @@ def _sized_child(url: str, worker: int, barrier, out, repeats: int = 20) -> None
     out.send(rates)
 
 
-def sized_probe(url: str, workers: int) -> dict[int, float]:
+def sized_probe(url: str, workers: int, refill_s: float = 0.0) -> dict[int, float]:
     """A step moves far less than 20 MB at a time, and every worker moves its bytes at once:
     the rate one worker's SET + GET of each size gets then (TCP against the bucket, the
     shared redis-server), the mean over workers, MB/s."""
@@ -274,7 +304,7 @@ def sized_probe(url: str, workers: int) -> dict[int, float]:
     pipes, procs = [], []
     for w in range(workers):
         recv, send = ctx.Pipe(duplex=False)
-        procs.append(ctx.Process(target=_sized_child, args=(url, w, barrier, send), daemon=True))
+        procs.append(ctx.Process(target=_sized_child, args=(url, w, barrier, send, refill_s), daemon=True))
         pipes.append(recv)
         procs[-1].start()
     for p in procs:
@@ -288,7 +318,7 @@ def sized_probe(url: str, workers: int) -> dict[int, float]:
 SIZED_PROBE_BYTES = (16_000, 64_000, 256_000, 1_000_000)
 
 
-def sized_link(probe_row: dict, transfer_bytes: float) -> float:
+def sized_rate(probe_row: dict, transfer_bytes: float) -> float:
     """The probe's rate for a transfer of ``transfer_bytes`` (interpolated on log size)."""
     import math
 
@@ -302,10 +332,18 @@ def sized_link(probe_row: dict, transfer_bytes: float) -> float:
     return points[-1][1]
 
 
-def mean_transfer_bytes(reports: list[dict]) -> float:
-    """A worker's mean write or read per step (the sizes its link carries at a time)."""
-    sizes = [n for r in reports for n in (r["sent_bytes"], r["read_bytes"]) if n]
-    return statistics.mean(sizes) if sizes else 0.0
+def transfer_sizes(reports: list[dict]) -> list[int]:
+    """Every write and read a worker's link carried in one go (a step's, per worker)."""
+    return [n for r in reports for n in (r["sent_bytes"], r["read_bytes"]) if n]
+
+
+def sized_link(probe_row: dict, sizes: list[int]) -> float:
+    """The rate the run's transfers got on this link: their bytes over the time the probe's
+    rate at each one's size gives it. Times add up, rates do not: the rate at the mean size
+    misjudges a run whose payloads vary across a bucket's worth (ISP's do)."""
+    if not sizes:
+        return sized_rate(probe_row, 0)
+    return sum(sizes) / sum(n / sized_rate(probe_row, n) for n in sizes)
 
 
 def probe(url: str, worker: int = 0, mb: int = 20, pings: int = 500) -> dict:
@@ -559,8 +597,9 @@ def run_one(args, data_dir: str, redis_url: str, redis_pid: int, link: float, pr
     fleet = hist[-1]["time"] - hist[0]["time"]
     slack = spec.sync.slack if sync == "ssp" else 0
     measured_link = (probe_row["up_mb_s"] + probe_row["down_mb_s"]) / 2
-    transfer = mean_transfer_bytes(recorder.reports)
-    link_sized = sized_link(probe_row, transfer)
+    sizes = transfer_sizes(recorder.reports)
+    transfer = statistics.mean(sizes) if sizes else 0.0
+    link_sized = sized_link(probe_row, sizes)
     per_step = len(hist) - 1
     totals = report["totals"]
     return {
@@ -578,8 +617,8 @@ def run_one(args, data_dir: str, redis_url: str, redis_pid: int, link: float, pr
         # client's CPU for those bytes, which cpu_seconds counts too): the other way to set it.
         "fleet_s_measured_link": replay(recorder.reports, Links(measured_link, rtt_ms, node, 0.0,
                                                                 probe_row["barrier_ms"]), slack),
-        # The link as a step uses it: the concurrent probe's rate for transfers of the step's
-        # mean size. Unshaped too: there the bound is the one redis-server serving every
+        # The link as a step uses it: the concurrent probe's rate for transfers of the run's
+        # sizes, time-weighted (sized_link). Unshaped too: there the bound is the one redis-server serving every
         # worker at once (a cache node's CPU, which a fleet's node has as well).
         "transfer_kb": transfer / 1e3,
         "clock_link_sized_mb_s": link_sized,
@@ -663,8 +702,9 @@ def main(argv=None) -> None:
         probes = []
         for link in [None, *parse_rates(args.links)]:
             net.shape(link, args.node_mb_s)
-            row = {"link_mb_s": link, "burst_bytes": link and burst_bytes(link, args.burst_ms), **probe(redis_srv.url),
-                   "sized_mb_s": sized_probe(redis_srv.url, args.workers)}
+            row = {"link_mb_s": link, "burst_bytes": link and burst_bytes(link, args.burst_ms),
+                   "gso_max_bytes": net.gso_bytes, **probe(redis_srv.url),
+                   "sized_mb_s": sized_probe(redis_srv.url, args.workers, refill_s=2e-3 * args.burst_ms)}
             if not args.probe:
                 row.update(release_probe(args, redis_srv.url, link, row["rtt_ms_median"]))
             probes.append(row)
