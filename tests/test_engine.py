@@ -280,6 +280,37 @@ def test_row_sum_adds_every_contribution_undivided_in_order():
         RowMean(params, "median")
 
 
+def test_row_sum_is_capped_for_rows_more_workers_touched_than_the_cap():
+    """sync.sum_cap: past the cap's touchers a row moves by cap × their mean; rows fewer
+    touched, and any step of no more contributions than the cap, are summed whole."""
+    from ebb.engine.aggregate import RowMean
+
+    def update(rows, value, touched=None):
+        rows = torch.tensor(rows)
+        return RowUpdate({"w": (rows, torch.full((len(rows), 2), value))},
+                         touched=None if touched is None else {"w": torch.tensor(touched)})
+
+    # Row 0: all 4 touch it. Row 1: two. Row 2: one. Row 3: the last worker touched it
+    # but its change stayed pending under ISP: it still counts as a toucher.
+    contributions = [update([0, 1], 1.0), update([0, 1], 2.0), update([0, 2], 3.0),
+                     RowUpdate.decode(update([0], 4.0, touched=[0, 3]).encode())]
+    params = {"w": torch.zeros(4, 2)}
+    RowMean(params, "sum", sum_cap=2).apply(params, contributions)
+    assert params["w"][:, 0].tolist() == [2 * (1 + 2 + 3 + 4) / 4, 1 + 2, 3, 0]
+
+    uncapped, capped = {"w": torch.zeros(4, 2)}, {"w": torch.zeros(4, 2)}
+    RowMean(uncapped, "sum").apply(uncapped, contributions)
+    RowMean(capped, "sum", sum_cap=4).apply(capped, contributions)  # 4 contributions: nothing to cap
+    assert torch.equal(uncapped["w"], capped["w"]) and uncapped["w"][0, 0] == 10
+    one = {"w": torch.zeros(4, 2)}
+    RowMean(one, "sum", sum_cap=1).apply(one, contributions)  # a cap of 1 is the mean
+    mean = {"w": torch.zeros(4, 2)}
+    RowMean(mean, "mean").apply(mean, contributions)
+    assert torch.equal(one["w"], mean["w"])
+    with pytest.raises(ValueError):
+        RowMean(params, "sum", sum_cap=0)
+
+
 def test_default_scoring_cadence_is_one_workers_epoch_of_progress():
     """With a validation split, scorings are an epoch at one worker's pace apart, so
     patience_evals means the same at any fleet: under the mean (PMF) a step moves a row

@@ -42,6 +42,15 @@ PMF_ADAM_LR = 0.03
 # step, and 4 workers overfit sooner and worse (Criteo-shaped val log-loss 0.507, against
 # 0.496 summed and 0.496 at one worker; bench/quality.py, docs/RESULTS.md).
 COMBINE_DEFAULTS: dict[str, str] = {"pmf": "mean", "sparse_lr": "sum", "lr": "mean"}
+# The sum's cap (sync.sum_cap) when unset, by sync mode: past this many touchers a row
+# moves by this many times their mean. Uncapped, a feature all 24 workers saw took 24 Adam
+# steps a step and sparse LR at lr 0.01 swung between log-loss 0.50 and 0.96 without
+# converging (fleet clock, Criteo shape); 8 is the largest fleet whose plain sum converged
+# under BSP. ISP's payloads carry several steps of a row's held-back proposals at once, so
+# the same cap let a row move further: at 16 and 32 workers ISP's test log-loss swung
+# (0.55-0.71 early) and ended 1.6-3% worse than BSP's; capped at 4 it fell steadily to
+# BSP's (docs/RESULTS.md, "Sync models and DDP").
+SUM_CAP_DEFAULTS: dict[str, int] = {"bsp": 8, "ssp": 8, "isp": 4}
 
 # ISP's threshold v when unset. MLLess runs 0.7 end to end; for PMF its code uses 0.05. At
 # 4 workers on ml-latest-small-shaped ratings, v 0.7 held PMF's validation RMSE at 0.8304
@@ -99,6 +108,9 @@ class SyncSpec(_Strict):
         None, description="a step moves a row by the mean of its touchers' proposals or by their sum (as if taken "
         "in turn); default " + ", ".join(
             f"{m} {c}" for m, c in COMBINE_DEFAULTS.items()))
+    sum_cap: int | None = Field(None, ge=1, le=10_000, description="combine sum: a row more than this many "
+                                "workers touched in a step moves by this many times their mean (default: " +
+                                ", ".join(f"{m} {c}" for m, c in SUM_CAP_DEFAULTS.items()) + ")")
 
 
 class StopSpec(_Strict):
@@ -262,6 +274,8 @@ class JobSpec(_Strict):
             self.sync.combine = COMBINE_DEFAULTS[self.model]
         if self.sync.significance is None:
             self.sync.significance = SIGNIFICANCE_DEFAULTS[self.model]
+        if self.sync.sum_cap is None:
+            self.sync.sum_cap = SUM_CAP_DEFAULTS[self.sync.mode]
         for key, value in MODEL_DEFAULTS[self.model].items():
             if getattr(self.hyper, key) is None:
                 setattr(self.hyper, key, value)

@@ -16,7 +16,12 @@ in a step where nobody touched it) is divided by 1.
 workers' proposals land as if taken one after another. It suits an optimiser whose
 proposal is a normalised step (Adam: about lr per entry whatever the gradient), where
 the mean of P proposals is one worker's step on the rows every worker touches but a
-full step on a row only one touched (see ``ebb.spec.COMBINE_DEFAULTS``).
+full step on a row only one touched (see ``ebb.spec.COMBINE_DEFAULTS``). The sum is
+capped (``sum_cap``, ``sync.sum_cap``): a row more than ``sum_cap`` workers touched in a
+step moves by ``sum_cap`` times their mean. A feature every worker of a 24-worker fleet
+sees would otherwise take 24 Adam steps at once, and sparse LR at the default lr swung
+without converging; at or below ``sum_cap`` workers nothing changes. The default by sync
+mode is in ``ebb.spec.SUM_CAP_DEFAULTS``.
 """
 
 from __future__ import annotations
@@ -36,17 +41,23 @@ class RowMean:
     that receive the same updates in the same order stay bit-identical.
     """
 
-    def __init__(self, params: dict[str, torch.Tensor], combine: str = "mean"):
+    def __init__(self, params: dict[str, torch.Tensor], combine: str = "mean", sum_cap: int | None = None):
         if combine not in ("mean", "sum"):
             raise ValueError(f"combine must be 'mean' or 'sum', not {combine!r}")
-        self.divide = combine == "mean"
+        if sum_cap is not None and sum_cap < 1:
+            raise ValueError(f"sum_cap must be at least 1, not {sum_cap}")
+        # Each contribution is divided by max(1, touchers / per): the mean divides by
+        # every toucher, the capped sum only past `sum_cap` of them.
+        self.per = 1.0 if combine == "mean" else float(sum_cap) if sum_cap else None
         self.counts = {n: torch.zeros(p.shape[0]) for n, p in params.items()}
         self._ones = torch.ones(max(p.shape[0] for p in params.values()))  # increments, sliced per update
 
     def apply(self, params: dict[str, torch.Tensor], contributions: list[RowUpdate], scale: float = 1.0) -> None:
-        """``params += scale * row_mean(contributions)`` (or their sum, undivided)."""
+        """``params += scale * row_mean(contributions)`` (or their sum, capped)."""
+        # The sum of no more contributions than its cap divides nothing: it skips the count.
+        divide = self.per is not None and (self.per == 1.0 or len(contributions) > self.per)
         for name, param in params.items():
-            counts = self.counts[name] if self.divide else None
+            counts = self.counts[name] if divide else None
             touched = [] if counts is None else [
                 t for c in contributions if (t := c.touched_rows(name)) is not None and t.numel()]
             for rows in touched:
@@ -56,13 +67,19 @@ class RowMean:
                 if entry is not None and entry[0].numel():
                     rows, vals = entry
                     if counts is not None:
-                        vals = vals / counts.index_select(0, rows).clamp_(min=1).unsqueeze(1)
+                        vals = vals / self._divisor(counts, rows).unsqueeze(1)
                     param.index_add_(0, rows, vals, alpha=scale)
                 elements = c.elements.get(name) if c.elements else None
                 if elements is not None and elements[0].numel():
                     rows, flat, vals = elements
                     if counts is not None:
-                        vals = vals / counts.index_select(0, rows).clamp_(min=1)
+                        vals = vals / self._divisor(counts, rows)
                     param.view(-1).index_add_(0, flat, vals, alpha=scale)
             for rows in touched:
                 counts.index_fill_(0, rows, 0.0)
+
+    def _divisor(self, counts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        divisor = counts.index_select(0, rows)
+        if self.per != 1.0:
+            divisor.div_(self.per)
+        return divisor.clamp_(min=1)

@@ -250,7 +250,7 @@ class Worker:
             if self.mode == "isp"
             else None
         )
-        self.row_mean = RowMean(self.model.params, spec.sync.combine)
+        self.row_mean = RowMean(self.model.params, spec.sync.combine, spec.sync.sum_cap)
         self.members, self.step, self.cursor = sorted(start.members), start.step, start.cursor
         self.base_lr = self.model.optimizer.lr
         if start.resume:
