@@ -106,6 +106,26 @@ def finished_report(spec) -> dict | None:
     return report
 
 
+def job_settings(pairs: list[str] | None) -> dict:
+    """``["sync.sum_cap=4", ...]`` as spec overrides, each value read as YAML (4 is an int)."""
+    import yaml
+
+    out = {}
+    for pair in pairs or []:
+        field, sep, value = pair.partition("=")
+        if not sep or not field:
+            raise SystemExit(f"--set {pair!r}: expected FIELD=VALUE, e.g. sync.sum_cap=4")
+        out[field.strip()] = yaml.safe_load(value)
+    return out
+
+
+def settings_tag(args) -> str:
+    """What --set changed, for the run's folder: two invocations that differ only there
+    may run side by side without sharing one."""
+    pairs = getattr(args, "set", None)
+    return "".join(f"-{p}" for p in sorted(pairs)) if pairs else ""
+
+
 def run_config(data_dir, workers, name, fields, args) -> dict:
     model = getattr(args, "model", "pmf")
     overrides = {"name": f"bench-sync-{model}-{name}-{workers}".replace("(", "").replace(")", "")
@@ -114,8 +134,9 @@ def run_config(data_dir, workers, name, fields, args) -> dict:
                  **({"hyper.rank": 20} if model == "pmf" else {}), **clock_fields(args),
                  "scaling.policy": "none", "stop.target_test": args.target, "stop.eval_every": args.eval_every,
                  "stop.max_seconds": args.max_seconds, "stop.max_epochs": args.max_epochs,
-                 **({"hyper.lr": args.lr} if args.lr else {}),
-                 "out": str(DATA / "runs" / f"sync-{Path(data_dir).parent.name}-{name}-{workers}".replace("/", "-")),
+                 **({"hyper.lr": args.lr} if args.lr else {}), **job_settings(getattr(args, "set", None)),
+                 "out": str(DATA / "runs" / f"sync-{Path(data_dir).parent.name}-{name}-{workers}{settings_tag(args)}"
+                            .replace("/", "-")),
                  **fields}
     spec = load_spec(overrides=overrides)
     print(f"-- {model} {name} × {workers} workers ({spec.clock.kind} clock)", flush=True)
@@ -212,6 +233,8 @@ def main(argv=None):
                     help="PMF optimisers (comma-separated: sgd_momentum, adam); runs other than sgd_momentum are "
                          "named adam/<sync> and take the optimiser's default lr")
     ap.add_argument("--lr", type=float, default=None, help="hyper.lr of every Ebb run (default: the optimiser's)")
+    ap.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                    help="a job-spec field for every Ebb run, e.g. --set sync.sum_cap=4 (repeatable; YAML values)")
     ap.add_argument("--json", help="output JSON (default bench/results/sync[-quick].json)")
     ap.add_argument("--link-mb-s", type=float, default=75.0,
                     help="for the modelled times: network throughput of one worker, MB/s (default 75, about "
