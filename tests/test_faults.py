@@ -19,7 +19,7 @@ import pytest
 
 from ebb.data.prepare import prepare_dataset
 from ebb.data.synth import synth_ratings
-from ebb.local.runner import run_local
+from ebb.local.runner import JobFailed, run_local
 from ebb.spec import SpecError, load_spec
 from ebb.stores.local import FolderObjectStore
 
@@ -339,3 +339,35 @@ def test_a_waiting_worker_leaves_when_given_up_on_and_fails_when_the_supervisor_
     updates.put_blob(lost_blob(1), b"1")
     with pytest.raises(Lost):
         worker._check_still_wanted(need=7, waited=30)
+
+
+class _InterruptInDestructor:
+    """Delivers a Ctrl-C while a destructor runs, where CPython prints "Exception ignored in
+    ..." and drops the KeyboardInterrupt (cpython#95959): the rare way a real Ctrl-C is lost."""
+
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)
+        for _ in range(1000):  # the handler runs at one of these bytecodes: still inside __del__
+            pass
+
+
+def test_a_ctrl_c_lost_in_a_destructor_still_stops_the_job(small_ratings, tmp_path, monkeypatch):
+    data_dir, _ = small_ratings
+    spec = _spec(data_dir, tmp_path, name="lost-ctrl-c", **{"stop.max_epochs": 400, "workers": 2})
+
+    class InterruptAtStep3:
+        def step(self, record):
+            if record["step"] == 3:
+                _InterruptInDestructor()  # made and dropped at once: its __del__ runs here
+
+        def close(self, report):
+            pass
+
+    dropped = []  # what CPython could not raise ("Exception ignored in ...")
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: dropped.append(u.exc_type))
+    with pytest.raises(JobFailed) as failed:
+        run_local(spec, InterruptAtStep3())
+    assert dropped == [KeyboardInterrupt]  # the first interrupt was indeed lost
+    report = failed.value.report
+    assert report["status"] == "failed" and report["error"] == "interrupted (Ctrl-C)"
+    assert report["steps"] < 100  # stopped within a poll, not after the job's 400 epochs

@@ -120,8 +120,10 @@ class Supervisor:
     def __init__(self, spec: JobSpec, *, data: ObjectStore, checkpoints: ObjectStore, updates: UpdateStore,
                  signals: SignalChannel, launcher: WorkerLauncher, round_: int, sink: MetricsSink | None = None,
                  policy=None, round_seconds: float | None = None, restarts: list[dict] | None = None,
-                 measure_of: Callable[[StepReport], WorkerStep] | None = None):
+                 measure_of: Callable[[StepReport], WorkerStep] | None = None,
+                 interrupted: Callable[[], BaseException | None] | None = None):
         self.spec, self.data, self.checkpoints = spec, data, checkpoints
+        self.interrupted = interrupted  # the caller's stop request (a Ctrl-C), asked every poll
         self.updates, self.signals, self.launcher = updates, signals, launcher
         self.sink = sink or NullSink()
         self.policy = policy if policy is not None else policy_for(spec)
@@ -255,6 +257,8 @@ class Supervisor:
 
     def _run_until_over(self) -> None:
         while not self._round_over():
+            if self.interrupted is not None and (stop := self.interrupted()) is not None:
+                raise stop
             self.updates.heartbeat(SUPERVISOR, wall())  # workers waiting long look for it
             reports = self.signals.next_reports(REPORT_POLL_S)
             busy = time.perf_counter()

@@ -181,8 +181,33 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, turned into the same orderly unwind as Ctrl-C."""
 
 
-def _on_sigterm(signum, frame):
-    raise Terminated("terminated (SIGTERM)")
+class _StopSignals:
+    """Ctrl-C and SIGTERM as an orderly unwind, remembered as well as raised.
+
+    CPython drops an exception raised while a destructor or weakref callback runs (it
+    prints "Exception ignored in ..." and carries on: cpython#95959), so a signal that
+    lands there would be lost and the job would train on. ``pending()`` hands the
+    supervisor's loop the interrupt again on its next poll."""
+
+    def __init__(self):
+        self.received: KeyboardInterrupt | None = None
+        self.previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self.previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum, frame):
+        self.received = Terminated("terminated (SIGTERM)") if signum == signal.SIGTERM else KeyboardInterrupt()
+        raise self.pending()
+
+    def pending(self) -> KeyboardInterrupt | None:
+        """A fresh copy of the interrupt received, if any (raised again where it was lost)."""
+        return type(self.received)(*self.received.args) if self.received is not None else None
 
 
 class JobFailed(RuntimeError):
@@ -282,16 +307,19 @@ def run_local(spec: JobSpec, sink: MetricsSink | None = None, *, resume: bool = 
         with ExitStack() as stack:
             stack.callback(setproctitle, title)
             setproctitle(f"ebb supervisor {spec.name}")
+            stops = _StopSignals()
             if threading.current_thread() is threading.main_thread():
                 # A SIGTERM would otherwise skip the clean-up below and orphan the workers and
                 # the redis-server (which runs in its own session).
-                previous = signal.signal(signal.SIGTERM, _on_sigterm)
-                stack.callback(signal.signal, signal.SIGTERM, previous)
+                stops.install()
+                stack.callback(stops.restore)
             backend = _Backend(spec, stack, in_process)
             done = checkpoint.latest(checkpoints)
             finished = done is not None and done["finished"]
             restarts, faults = 0, []  # faults: this round's earlier attempts, for its report
             while not finished:
+                if (interrupt := stops.pending()) is not None:
+                    raise interrupt
                 channel = backend.channel(round_, signals)
                 if in_process:
                     launcher = ThreadLauncher(spec, data=data, checkpoints=checkpoints, updates=backend.updates,
@@ -301,7 +329,8 @@ def run_local(spec: JobSpec, sink: MetricsSink | None = None, *, resume: bool = 
                 try:
                     supervisor = Supervisor(spec, data=data, checkpoints=checkpoints, updates=backend.updates,
                                             signals=channel, launcher=launcher, round_=round_, sink=sink,
-                                            policy=policy, restarts=faults, measure_of=measure_of)
+                                            policy=policy, restarts=faults, measure_of=measure_of,
+                                            interrupted=stops.pending)
                     result = supervisor.run_round()
                 except (RoundLost, redis.ConnectionError, redis.TimeoutError) as exc:
                     launcher.stop_all()
