@@ -63,7 +63,8 @@ def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict
 
     spec = load_spec(overrides={**clock_fields(args),
         "name": f"bench-autotune-{model}-{policy}", "model": model, "data": data_dir, "workers": args.workers,
-        "seed": args.seed, "sync.mode": "isp", "sync.significance": args.significance, "scaling.policy": policy,
+        "seed": args.seed, "sync.mode": "isp", "scaling.policy": policy,
+        **({"sync.significance": args.significance} if args.significance is not None else {}),
         "scaling.interval_s": args.interval, "scaling.horizon_s": args.horizon, "scaling.min_workers": args.min_workers,
         **({"scaling.tolerance": args.tolerance} if args.tolerance is not None else {}),
         **({"scaling.throughput_tolerance": args.throughput_tolerance}
@@ -84,6 +85,7 @@ def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict
     time_to_target = hit["seconds_excluding_eval"] if hit else None
     return {
         "model": model, "tuner": policy == "autotune", "status": report["status"], "clock": spec.clock.kind,
+        "significance": spec.sync.significance, "sum_cap": spec.sync.sum_cap,
         "host_s": report.get("host_seconds"), "load_avg_1m": __import__("os").getloadavg()[0],
         "time_to_target_s": time_to_target, "cost_usd": cost,
         "perf_per_dollar": 1 / (time_to_target * cost) if time_to_target else None,
@@ -159,7 +161,8 @@ def main(argv=None):
     ap.add_argument("--models", default="pmf,sparse_lr")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--min-workers", type=int, default=2)
-    ap.add_argument("--significance", type=float, default=0.7)
+    ap.add_argument("--significance", type=float, default=None,
+                    help="ISP's v (default: the model's, ebb.spec.SIGNIFICANCE_DEFAULTS)")
     # MLLess decides every 20 s on jobs of 5-10 minutes; these jobs last 30-60 s.
     ap.add_argument("--interval", type=float, default=2.0, help="T, seconds (MLLess: 20 on jobs of minutes)")
     ap.add_argument("--horizon", type=float, default=1.0, help="Δ ≤ T, seconds")

@@ -63,15 +63,13 @@ def test_the_optimizer_follows_the_model_and_adam_takes_its_own_lr():
         load_spec(overrides={"data": "d", "model": "sparse_lr", "hyper.optimizer": "sgd_momentum"})
 
 
-def test_the_sum_cap_follows_the_sync_mode_unless_set():
-    """ISP's payloads carry several steps of held-back proposals: its sum is capped lower."""
-    from ebb.spec import SUM_CAP_DEFAULTS
+def test_the_sum_cap_is_8_in_every_sync_mode_unless_set():
+    from ebb.spec import DEFAULT_SUM_CAP
 
     for mode in ("bsp", "ssp", "isp"):
         spec = load_spec(overrides={"data": "d", "model": "sparse_lr", "sync.mode": mode, "scaling.policy": "none"})
-        assert spec.sync.sum_cap == SUM_CAP_DEFAULTS[mode]
-    assert SUM_CAP_DEFAULTS["isp"] < SUM_CAP_DEFAULTS["bsp"]
-    assert load_spec(overrides={"data": "d", "sync.sum_cap": 16}).sync.sum_cap == 16
+        assert spec.sync.sum_cap == DEFAULT_SUM_CAP == 8
+    assert load_spec(overrides={"data": "d", "sync.sum_cap": 4}).sync.sum_cap == 4
     with pytest.raises(SpecError, match="sum_cap"):
         load_spec(overrides={"data": "d", "sync.sum_cap": 0})
 

@@ -42,21 +42,23 @@ PMF_ADAM_LR = 0.03
 # step, and 4 workers overfit sooner and worse (Criteo-shaped val log-loss 0.507, against
 # 0.496 summed and 0.496 at one worker; bench/quality.py, docs/RESULTS.md).
 COMBINE_DEFAULTS: dict[str, str] = {"pmf": "mean", "sparse_lr": "sum", "lr": "mean"}
-# The sum's cap (sync.sum_cap) when unset, by sync mode: past this many touchers a row
-# moves by this many times their mean. Uncapped, a feature all 24 workers saw took 24 Adam
-# steps a step and sparse LR at lr 0.01 swung between log-loss 0.50 and 0.96 without
-# converging (fleet clock, Criteo shape); 8 is the largest fleet whose plain sum converged
-# under BSP. ISP's payloads carry several steps of a row's held-back proposals at once, so
-# the same cap let a row move further: at 16 and 32 workers ISP's test log-loss swung
-# (0.55-0.71 early) and ended 1.6-3% worse than BSP's; capped at 4 it fell steadily to
-# BSP's (docs/RESULTS.md, "Sync models and DDP").
-SUM_CAP_DEFAULTS: dict[str, int] = {"bsp": 8, "ssp": 8, "isp": 4}
+# The sum's cap (sync.sum_cap) when unset: past this many touchers a row moves by this
+# many times their mean. Uncapped, a feature all 24 workers saw took 24 Adam steps a step
+# and sparse LR at lr 0.01 swung between log-loss 0.50 and 0.96 without converging (fleet
+# clock, Criteo shape); 8 is the largest fleet whose plain sum converged under BSP. ISP
+# at sparse LR's old v of 0.7 needed 4: its payloads carried several steps of a row's
+# held-back proposals, and at 16 and 32 workers its log-loss swung and ended 1.6-3% worse
+# than BSP's. At today's v (0.2) it holds little back and converges at 8, in 40 steps
+# where capped at 4 it took 65 (docs/RESULTS.md, "Sync models and DDP").
+DEFAULT_SUM_CAP = 8
 
 # ISP's threshold v when unset. MLLess runs 0.7 end to end; for PMF its code uses 0.05. At
 # 4 workers on ml-latest-small-shaped ratings, v 0.7 held PMF's validation RMSE at 0.8304
 # where BSP reaches 0.8286; v 0.4 reaches 0.8288 (bench/quality_probe.py m4-v0.4-160) for
-# more bytes than 0.7 and fewer than 0.2. Sparse LR at 0.7 matches BSP already.
-SIGNIFICANCE_DEFAULTS: dict[str, float] = {"pmf": 0.4, "sparse_lr": 0.7, "lr": 0.7}
+# more bytes than 0.7 and fewer than 0.2. Sparse LR (Criteo shape, fleet clock, sum capped
+# at 8) reached log-loss 0.485 soonest at 0.2 of 0.1, 0.2 and 0.4 at 8 and 32 workers (0.1 by
+# 2% at 16): 40 steps to BSP's 35 where 0.7 took 65 and, at 16+ workers, needed a cap of 4.
+SIGNIFICANCE_DEFAULTS: dict[str, float] = {"pmf": 0.4, "sparse_lr": 0.2, "lr": 0.7}
 
 
 # Share of the rows `ebb prepare` (and a job's `prepare` section) holds out for validation
@@ -99,7 +101,8 @@ class SyncSpec(_Strict):
 
     mode: Literal["bsp", "ssp", "isp"] = Field("isp", description="bsp | ssp | isp")
     significance: float | None = Field(None, ge=0, description="ISP v: an entry is sent when |δ_i|/|x_i| > "
-                                       "v/sqrt(t); 0 = BSP exactly (default: PMF 0.4, LR 0.7)")
+                                       "v/sqrt(t); 0 = BSP exactly (default: " + ", ".join(
+                                           f"{m} {v:g}" for m, v in SIGNIFICANCE_DEFAULTS.items()) + ")")
     slack: int = Field(3, ge=0, le=1000, description="SSP: how many steps ahead of the slowest worker a worker "
                        "may run")
     quantize: bool = Field(True, description="ISP (v > 0): int8 values with a per-row scale; the rounding stays "
@@ -108,9 +111,9 @@ class SyncSpec(_Strict):
         None, description="a step moves a row by the mean of its touchers' proposals or by their sum (as if taken "
         "in turn); default " + ", ".join(
             f"{m} {c}" for m, c in COMBINE_DEFAULTS.items()))
-    sum_cap: int | None = Field(None, ge=1, le=10_000, description="combine sum: a row more than this many "
-                                "workers touched in a step moves by this many times their mean (default: " +
-                                ", ".join(f"{m} {c}" for m, c in SUM_CAP_DEFAULTS.items()) + ")")
+    sum_cap: int = Field(DEFAULT_SUM_CAP, ge=1, le=10_000, description="combine sum: a row more than this many "
+                         "workers touched in a step moves by this many times their mean (lower it to 4 for ISP with "
+                         "a high v at 16+ workers)")
 
 
 class StopSpec(_Strict):
@@ -274,8 +277,6 @@ class JobSpec(_Strict):
             self.sync.combine = COMBINE_DEFAULTS[self.model]
         if self.sync.significance is None:
             self.sync.significance = SIGNIFICANCE_DEFAULTS[self.model]
-        if self.sync.sum_cap is None:
-            self.sync.sum_cap = SUM_CAP_DEFAULTS[self.sync.mode]
         for key, value in MODEL_DEFAULTS[self.model].items():
             if getattr(self.hyper, key) is None:
                 setattr(self.hyper, key, value)

@@ -20,8 +20,8 @@ full step on a row only one touched (see ``ebb.spec.COMBINE_DEFAULTS``). The sum
 capped (``sum_cap``, ``sync.sum_cap``): a row more than ``sum_cap`` workers touched in a
 step moves by ``sum_cap`` times their mean. A feature every worker of a 24-worker fleet
 sees would otherwise take 24 Adam steps at once, and sparse LR at the default lr swung
-without converging; at or below ``sum_cap`` workers nothing changes. The default by sync
-mode is in ``ebb.spec.SUM_CAP_DEFAULTS``.
+without converging; at or below ``sum_cap`` workers nothing changes. The default, and
+why, is ``ebb.spec.DEFAULT_SUM_CAP``.
 """
 
 from __future__ import annotations
