@@ -133,8 +133,14 @@ def test_a_worker_that_raises_ends_in_on_failure_a_failed_report_and_event(aws):
     assert run["error"] == "EngineError" and "does not match its checksum" in run["cause"]
     entered = _entered(run["history"])
     assert entered[-3:] == ["RoundFailed", "OnFailure", "JobFailed"]
-    failed_worker, = [c for c in _of_job(aws.runtime.of("worker"), job) if c.error]
-    assert failed_worker.event["worker"] == 1 and failed_worker.error["errorType"] == "EngineError"
+    errors = {c.event["worker"]: c.error for c in _of_job(aws.runtime.of("worker"), job) if c.error}
+    assert errors[1]["errorType"] == "EngineError" and "does not match its checksum" in errors[1]["errorMessage"]
+    # Worker 0 may have left when the supervisor gave the round up, or been killed with the
+    # branch the Round abandoned (stop_all above; its call records that as it ends): either
+    # is an ending, not a second failure of the job.
+    for worker, error in errors.items():
+        assert worker == 1 or "gave the round up" in error["errorMessage"] or error["errorType"] == \
+            "Runtime.ExitError", (worker, error)
 
     report = json.loads(_stored(aws, f"jobs/{job}/report.json"))
     assert report["status"] == "failed" and report["failed_state"] == "Round"
