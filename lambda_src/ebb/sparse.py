@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ebb import native
+
 _MAGIC = b"EBU4"
 _HEAD = struct.Struct("<4sH")
 _NAME = struct.Struct("<H")
@@ -220,16 +222,32 @@ class RowUpdate:
                 off += k * width
                 (nnz,) = _U32.unpack_from(buf, off)
                 off += _U32.size
-                present = np.unpackbits(masks, axis=1, count=dim, bitorder="little").view(bool)
+                if nnz * _ELEMENT_COST < k * dim and native.available():
+                    if flags & _Q8:
+                        scales = np.frombuffer(buf, dtype="<u2", count=k, offset=off)
+                        codes = np.frombuffer(buf, dtype=np.int8, count=nnz, offset=off + 2 * k)
+                        row, flat, carried = native.mask_elements(masks, dim, idx.numpy(), nnz, codes, scales)
+                        off += 2 * k + nnz
+                    else:
+                        row, flat, _ = native.mask_elements(masks, dim, idx.numpy(), nnz)
+                        carried, off = _decode_values(buf, off, flags, k, nnz, None)
+                    elements[name] = (torch.from_numpy(row), torch.from_numpy(flat), torch.from_numpy(carried))
+                    continue
                 if nnz * _ELEMENT_COST < k * dim:
-                    pos = np.flatnonzero(present)
+                    pos = np.flatnonzero(np.unpackbits(masks, axis=1, count=dim, bitorder="little").view(bool))
                     row_of = pos // dim
                     carried, off = _decode_values(buf, off, flags, k, nnz, row_of)
                     row = idx.numpy()[row_of]
                     elements[name] = (torch.from_numpy(row), torch.from_numpy(row * dim + pos % dim),
                                       torch.from_numpy(carried))
                     continue
-                vals, off = _decode_values(buf, off, flags, k, nnz, None, present)
+                if flags & _Q8 and native.available():  # one pass instead of five
+                    scales = np.frombuffer(buf, dtype="<u2", count=k, offset=off)
+                    codes = np.frombuffer(buf, dtype=np.int8, count=nnz, offset=off + 2 * k)
+                    vals, off = native.expand_q8(masks, dim, codes, scales), off + 2 * k + nnz
+                else:
+                    present = np.unpackbits(masks, axis=1, count=dim, bitorder="little").view(bool)
+                    vals, off = _decode_values(buf, off, flags, k, nnz, None, present)
             else:
                 vals, off = _decode_values(buf, off, flags, k, k * dim, None)
             rows[name] = (idx, torch.from_numpy(vals.reshape(k, dim)))

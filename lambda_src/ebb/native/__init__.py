@@ -1,0 +1,94 @@
+"""Ebb's optional compiled kernels: ISP's codec hot loops in one pass each.
+
+numpy costs one pass over the data per operation. Decoding a masked int8 payload takes
+five of them (unpack the masks, find the carried positions, scatter the codes, widen,
+scale) where BSP's float32 payload takes one, and every worker decodes every peer's
+payload every step. ``kernels.c`` does each such loop in one pass. It is built by
+``python -m ebb.native`` (``scripts/setup.sh`` and the worker image run it) and loaded
+with ctypes. Without it, or with ``EBB_NATIVE=0``, every caller falls back to numpy.
+Both paths give bit-identical results, so a fleet may mix them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ebb.native.build import LIBRARY
+
+KERNELS_VERSION = 1  # kernels.c's ebb_kernels_version(): a library that says otherwise is stale
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+
+
+def _load(path: Path = LIBRARY) -> ctypes.CDLL | None:
+    if os.environ.get("EBB_NATIVE", "1") == "0" or not path.is_file():
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+        if lib.ebb_kernels_version() != KERNELS_VERSION:
+            return None
+    except (OSError, AttributeError):  # built for another machine, or stale: numpy does the work
+        return None
+    lib.ebb_expand_q8.restype = _I
+    lib.ebb_expand_q8.argtypes = (_P, _I, _I, _I, _P, _I, _P, _P)
+    lib.ebb_mask_elements.restype = _I
+    lib.ebb_mask_elements.argtypes = (_P, _I, _I, _I, _P, _I, _P, _P, _P, _P, _P)
+    return lib
+
+
+_lib = _load()
+
+
+def available() -> bool:
+    """Whether the compiled kernels are loaded (else callers use numpy)."""
+    return _lib is not None
+
+
+def expand_q8(masks: np.ndarray, dim: int, codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Masked int8 rows to float32 [k, dim]: ``code × scale`` of the row where its mask bit
+    is set (codes taken in order), 0 where not. ``masks`` uint8 [k, ceil(dim/8)] (LSB first),
+    ``codes`` int8 [n], ``scales`` the rows' bfloat16 bit patterns, uint16 [k].
+
+    Raises ValueError when the masks and the number of codes disagree (a corrupt payload).
+    """
+    k, width = masks.shape
+    masks = np.ascontiguousarray(masks)
+    scales = np.ascontiguousarray(scales, dtype=np.uint16)
+    n = codes.size
+    padded = np.empty(n + 8, dtype=np.int8)  # the kernel reads 8 codes at a time
+    padded[:n] = codes
+    flat = np.empty(k * dim + 8, dtype=np.float32)  # the kernel may write 8 floats past the last row
+    out = flat[: k * dim].reshape(k, dim)
+    used = _lib.ebb_expand_q8(masks.ctypes.data, k, dim, width, padded.ctypes.data, n, scales.ctypes.data,
+                              out.ctypes.data)
+    if used != n:
+        raise ValueError(f"corrupt update: its row masks carry {used} values, its header says {n}")
+    return out
+
+
+def mask_elements(masks: np.ndarray, dim: int, idx: np.ndarray, n: int, codes: np.ndarray | None = None,
+                  scales: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The set bits of masked rows as single entries: (row, flat index ``row × dim + entry``)
+    int64 [n] each, and with int8 ``codes`` their values ``code × scale`` float32 [n]
+    (else None). ``idx``: the rows' indices, int64 [k]; the rest as ``expand_q8``."""
+    k, width = masks.shape
+    masks = np.ascontiguousarray(masks)
+    idx = np.ascontiguousarray(idx, dtype=np.int64)
+    rows, flat = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    vals = None
+    args = (None, None, None)
+    if codes is not None:
+        codes = np.ascontiguousarray(codes, dtype=np.int8)
+        scales = np.ascontiguousarray(scales, dtype=np.uint16)
+        vals = np.empty(n, dtype=np.float32)
+        args = (codes.ctypes.data, scales.ctypes.data, vals.ctypes.data)
+    used = _lib.ebb_mask_elements(masks.ctypes.data, k, dim, width, idx.ctypes.data, n, rows.ctypes.data,
+                                  flat.ctypes.data, *args)
+    if used != n:
+        raise ValueError(f"corrupt update: its row masks carry {used} values, its header says {n}")
+    return rows, flat, vals

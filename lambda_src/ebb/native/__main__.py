@@ -1,0 +1,5 @@
+import sys
+
+from ebb.native.build import main
+
+sys.exit(main())

@@ -1,0 +1,156 @@
+/* Ebb's compiled kernels: the hot loops of ISP's codec in one pass each.
+ *
+ * Each kernel computes exactly what its numpy fallback in ebb.sparse computes, with the
+ * same float32 operations in the same order (one multiply per value; built with
+ * -ffp-contract=off and no fast-math), so replicas that use either agree bit for bit.
+ * Called through ctypes (ebb.native); no Python headers, no libc beyond the compiler's.
+ */
+#include <stdint.h>
+#include <string.h>
+
+/* ebb.native loads a library only if this matches its KERNELS_VERSION: bump both when a
+ * kernel's signature or meaning changes, so a stale build is never called. */
+int ebb_kernels_version(void) { return 1; }
+
+/* Whether a kernel may use the CPU's vector instructions (where it has a path for them);
+ * the tests turn it off to check the portable path gives the same bits. Returns the old. */
+static int use_simd = 1;
+int ebb_set_simd(int on) {
+    int was = use_simd;
+    use_simd = on;
+    return was;
+}
+
+/* For a mask byte b: where each of its 8 entries finds its code among the next 8 carried
+ * codes (8: nowhere, code 0), and how many codes it carries. */
+/* For a mask byte b: where each of its 8 entries finds its code among the next 8 carried
+ * codes (0x80: nowhere, code 0; the form SSSE3's byte shuffle takes), and how many codes
+ * it carries. */
+static uint8_t SLOT[256][16] __attribute__((aligned(16)));
+static uint8_t COUNT[256];
+/* At load time, before any caller (ctypes calls may run on several threads at once). */
+__attribute__((constructor)) static void init_tables(void) {
+    for (int b = 0; b < 256; b++) {
+        int n = 0;
+        for (int j = 0; j < 16; j++) SLOT[b][j] = j < 8 && (b >> j) & 1 ? (uint8_t)n++ : 0x80;
+        COUNT[b] = (uint8_t)n;
+    }
+}
+
+static int64_t count_codes(const uint8_t *masks, int64_t k, int64_t width, unsigned tail_mask) {
+    int64_t total = 0;
+    for (int64_t r = 0; r < k; r++) {
+        const uint8_t *m = masks + r * width;
+        for (int64_t w = 0; w + 1 < width; w++) total += COUNT[m[w]];
+        total += COUNT[m[width - 1] & tail_mask];
+    }
+    return total;
+}
+
+/* Portable: one entry at a time. */
+static void expand_q8_scalar(const uint8_t *masks, int64_t k, int64_t dim, int64_t width, const int8_t *codes,
+                             const uint16_t *scales, float *out, unsigned tail_mask) {
+    int64_t p = 0;
+    for (int64_t r = 0; r < k; r++) {
+        uint32_t bits = (uint32_t)scales[r] << 16;
+        float s;
+        memcpy(&s, &bits, sizeof s);
+        const uint8_t *m = masks + r * width;
+        float *o = out + r * dim;
+        for (int64_t w = 0; w < width; w++) {
+            unsigned b = w + 1 < width ? m[w] : m[w] & tail_mask;
+            int64_t jmax = dim - 8 * w < 8 ? dim - 8 * w : 8;
+            for (int64_t j = 0; j < jmax; j++) o[8 * w + j] = (float)(SLOT[b][j] & 0x80 ? 0 : codes[p + SLOT[b][j]]) * s;
+            p += COUNT[b];
+        }
+    }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+/* Eight entries a mask byte: shuffle the next 8 codes into place, widen, scale, store. A
+ * row's last group may write up to 7 floats past the row: the next row overwrites them,
+ * and the caller pads the output by 8 floats for the last row. */
+__attribute__((target("sse4.1"))) static void expand_q8_sse41(
+    const uint8_t *masks, int64_t k, int64_t dim, int64_t width, const int8_t *codes, const uint16_t *scales,
+    float *out, unsigned tail_mask) {
+    int64_t p = 0;
+    for (int64_t r = 0; r < k; r++) {
+        uint32_t bits = (uint32_t)scales[r] << 16;
+        float s1;
+        memcpy(&s1, &bits, sizeof s1);
+        __m128 s = _mm_set1_ps(s1);
+        const uint8_t *m = masks + r * width;
+        float *o = out + r * dim;
+        for (int64_t w = 0; w < width; w++) {
+            unsigned b = w + 1 < width ? m[w] : m[w] & tail_mask;
+            __m128i c = _mm_loadl_epi64((const __m128i *)(codes + p));
+            __m128i d = _mm_shuffle_epi8(c, _mm_load_si128((const __m128i *)SLOT[b]));
+            __m128 lo = _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepi8_epi32(d)), s);
+            __m128 hi = _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepi8_epi32(_mm_srli_si128(d, 4))), s);
+            _mm_storeu_ps(o + 8 * w, lo);
+            _mm_storeu_ps(o + 8 * w + 4, hi);
+            p += COUNT[b];
+        }
+    }
+}
+#endif
+
+/* Decode masked int8 rows: out[r][j] = code * scale[r], where row r's codes are taken in
+ * order for the set bits of its mask (LSB first, `width` bytes a row, bits past `dim`
+ * ignored) and an unset bit stands for code 0. scales: bfloat16 bits. codes must be
+ * readable 8 bytes past n, and out writable 8 floats past k * dim (the caller pads).
+ * Returns the codes the masks carry; unless that is n, nothing is written. */
+int64_t ebb_expand_q8(const uint8_t *masks, int64_t k, int64_t dim, int64_t width, const int8_t *codes,
+                      int64_t n, const uint16_t *scales, float *out) {
+    if (k == 0 || dim == 0) return 0;
+    const int64_t tail = dim - 8 * (width - 1); /* entries in a row's last mask byte */
+    const unsigned tail_mask = tail >= 8 ? 0xffu : (1u << tail) - 1u;
+    int64_t total = count_codes(masks, k, width, tail_mask);
+    if (total != n) return total;
+#if defined(__x86_64__) || defined(__i386__)
+    if (use_simd && __builtin_cpu_supports("sse4.1")) {
+        expand_q8_sse41(masks, k, dim, width, codes, scales, out, tail_mask);
+        return n;
+    }
+#endif
+    expand_q8_scalar(masks, k, dim, width, codes, scales, out, tail_mask);
+    return n;
+}
+
+/* Masked rows as single entries, for updates that carry few: for the q-th set bit (row r,
+ * entry j) rows_out[q] = idx[r], flat_out[q] = idx[r] * dim + j and, given int8 codes,
+ * vals_out[q] = code_q * scale[r] (scales: bfloat16 bits). Returns the entries the masks
+ * carry; unless that is n, nothing is written. */
+int64_t ebb_mask_elements(const uint8_t *masks, int64_t k, int64_t dim, int64_t width, const int64_t *idx,
+                          int64_t n, int64_t *rows_out, int64_t *flat_out, const int8_t *codes,
+                          const uint16_t *scales, float *vals_out) {
+    if (k == 0 || dim == 0) return 0;
+    const int64_t tail = dim - 8 * (width - 1);
+    const unsigned tail_mask = tail >= 8 ? 0xffu : (1u << tail) - 1u;
+    int64_t total = count_codes(masks, k, width, tail_mask);
+    if (total != n) return total;
+    int64_t q = 0;
+    for (int64_t r = 0; r < k; r++) {
+        const uint8_t *m = masks + r * width;
+        const int64_t row = idx[r], base = row * dim;
+        float s = 0.0f;
+        if (codes) {
+            uint32_t bits = (uint32_t)scales[r] << 16;
+            memcpy(&s, &bits, sizeof s);
+        }
+        for (int64_t w = 0; w < width; w++) {
+            unsigned b = w + 1 < width ? m[w] : m[w] & tail_mask;
+            while (b) {
+                int j = __builtin_ctz(b);
+                b &= b - 1u;
+                rows_out[q] = row;
+                flat_out[q] = base + 8 * w + j;
+                if (codes) vals_out[q] = (float)codes[q] * s;
+                q++;
+            }
+        }
+    }
+    return q;
+}
