@@ -129,3 +129,58 @@ def test_ebb_native_0_turns_the_kernels_off(library, tmp_path, monkeypatch):
     path = build(tmp_path / "_kernels.so")
     monkeypatch.setenv("EBB_NATIVE", "0")
     assert native._load(path) is None
+
+
+def _filter_run(monkeypatch, lib, v: float, quantize: bool, dims: dict[str, int], steps: int = 6,
+                nan_at: int | None = None):
+    """The payloads, sent values and pending accumulators of a SignificanceFilter over a
+    fixed sequence of random sparse updates, with the kernels ``lib`` (or numpy: None)."""
+    from ebb.engine.isp import SignificanceFilter
+
+    monkeypatch.setattr(native, "_lib", lib)
+    rng = np.random.default_rng(11)
+    params = {name: torch.from_numpy(rng.standard_normal((400, dim)).astype(np.float32)) for name, dim in dims.items()}
+    params["w"][5] = 0.0  # x = 0: any change is significant
+    flt = SignificanceFilter(params, v, quantize)
+    out = []
+    for step in range(steps):
+        rows_of = {name: torch.from_numpy(np.sort(rng.choice(400, 150, replace=False))) for name in dims}
+        update = {}
+        for name, rows in rows_of.items():
+            vals = rng.standard_normal((150, dims[name])).astype(np.float32) * np.float32(0.05)
+            vals[rng.random(150) < 0.2] = 0.0  # rows whose δ may stay below the threshold
+            if nan_at == step and name == "w":
+                vals[7, 1] = np.nan
+            update[name] = (rows, torch.from_numpy(vals))
+        sent = flt(RowUpdate(update), params, step)
+        out.append((sent.encode(), {n: (r.clone(), vals.clone()) for n, (r, vals) in sent.rows.items()},
+                    {n: a.copy() for n, a in (sent.subset or {}).items()}))
+    return out, {n: p.clone() for n, p in flt.pending.items()}
+
+
+@pytest.mark.parametrize("quantize", [True, False])
+@pytest.mark.parametrize("v", [0.0, 0.05, 0.7, 5.0])
+def test_the_filter_is_bit_identical_to_numpy(monkeypatch, library, v, quantize):
+    dims = {"w": 21, "narrow": 3, "bias": 1, "wide": 40}
+    kernel, done = native.isp_filter, []
+    monkeypatch.setattr(native, "isp_filter", lambda *a: done.append(kernel(*a)) or done[-1])
+    fast, fast_pending = _filter_run(monkeypatch, library, v, quantize, dims)
+    assert v == 0 or (done and all(d is not None for d in done))  # the kernel did the work
+    slow, slow_pending = _filter_run(monkeypatch, None, v, quantize, dims)
+    for (fast_bytes, fast_rows, fast_at), (slow_bytes, slow_rows, slow_at) in zip(fast, slow):
+        assert fast_bytes == slow_bytes
+        for name, (rows, vals) in slow_rows.items():
+            assert torch.equal(fast_rows[name][0], rows)
+            assert torch.equal(fast_rows[name][1].view(torch.int32), vals.view(torch.int32))
+        assert fast_at.keys() == slow_at.keys() and all(np.array_equal(fast_at[n], a) for n, a in slow_at.items())
+    for name, acc in slow_pending.items():
+        assert torch.equal(fast_pending[name].view(torch.int32), acc.view(torch.int32))
+
+
+def test_a_nan_in_the_update_leaves_the_filter_to_numpy(monkeypatch, library):
+    dims = {"w": 21}
+    fast, fast_pending = _filter_run(monkeypatch, library, 0.7, True, dims, nan_at=2)
+    slow, slow_pending = _filter_run(monkeypatch, None, 0.7, True, dims, nan_at=2)
+    assert [f[0] for f in fast] == [s[0] for s in slow]
+    assert torch.equal(fast_pending["w"].view(torch.int32), slow_pending["w"].view(torch.int32))
+    assert torch.isnan(fast_pending["w"]).any()

@@ -55,7 +55,7 @@ _ENTRY = struct.Struct("<BBII")
 _U32 = struct.Struct("<I")
 _VALUES, _TOUCHED = 0, 1
 _GAPS, _MASKED, _BITMAP, _Q8, _F16, _SAME, _SUBSET = 1, 2, 4, 8, 16, 32, 64
-_Q8_MIN_DIM = 4  # narrower rows pay more for a per-row scale than int8 saves: float16
+Q8_MIN_DIM = 4  # narrower rows pay more for a per-row scale than int8 saves: float16
 _F16_MAX = 65504.0
 # Adding one scalar by flat index costs about this many entries of a whole-row add
 # (torch's index_add_ over rows is vectorised); below 1/_ELEMENT_COST of a masked
@@ -75,7 +75,7 @@ def quantize_rows(vals: np.ndarray, peak: np.ndarray | None = None) -> tuple[Pac
     a masked row's absent entries stay absent. ``peak``: each row's max |value| when the
     caller has it already.
     """
-    if vals.shape[1] >= _Q8_MIN_DIM:
+    if vals.shape[1] >= Q8_MIN_DIM:
         if peak is None:
             peak = row_peaks(np.abs(vals))
         scales = torch.from_numpy(peak).div(127.0).to(torch.bfloat16)

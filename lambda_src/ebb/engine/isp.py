@@ -22,7 +22,8 @@ import math
 import numpy as np
 import torch
 
-from ebb.sparse import Packed, RowUpdate, gather_rows, quantize_rows, row_peaks, scatter_rows
+from ebb import native
+from ebb.sparse import Q8_MIN_DIM, Packed, RowUpdate, gather_rows, quantize_rows, row_peaks, scatter_rows
 
 
 class SignificanceFilter:
@@ -70,6 +71,16 @@ class SignificanceFilter:
         ``index_select``/``index_copy_``, and its float masks cheaper than torch's bools.
         """
         table, at_rows = acc.numpy(), rows.numpy()
+        dim = table.shape[1]
+        if native.available() and (not self.quantize or dim >= Q8_MIN_DIM):
+            done = native.isp_filter(table, at_rows, vals.numpy().reshape(-1, dim), x_rows.numpy().reshape(-1, dim),
+                                     np.float32(v_t), self.quantize)
+            if done is not None:  # (None: a NaN or infinite row, for numpy below)
+                at, out_vals, codes, scales = done
+                pack = None if codes is None else (
+                    torch.from_numpy(codes), torch.from_numpy(scales.view(np.int16)).view(torch.bfloat16))
+                sent_rows = rows if at.size == at_rows.size else torch.from_numpy(at_rows.take(at))
+                return (sent_rows, torch.from_numpy(out_vals)), pack, at
         delta = gather_rows(table, at_rows)
         np.add(delta, vals.numpy().reshape(delta.shape), out=delta)
         magnitude = np.abs(delta)

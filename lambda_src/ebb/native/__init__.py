@@ -19,7 +19,7 @@ import numpy as np
 
 from ebb.native.build import LIBRARY
 
-KERNELS_VERSION = 1  # kernels.c's ebb_kernels_version(): a library that says otherwise is stale
+KERNELS_VERSION = 3  # kernels.c's ebb_kernels_version(): a library that says otherwise is stale
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -32,12 +32,14 @@ def _load(path: Path = LIBRARY) -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(path))
         if lib.ebb_kernels_version() != KERNELS_VERSION:
             return None
+        lib.ebb_expand_q8.restype = _I
+        lib.ebb_expand_q8.argtypes = (_P, _I, _I, _I, _P, _I, _P, _P)
+        lib.ebb_mask_elements.restype = _I
+        lib.ebb_mask_elements.argtypes = (_P, _I, _I, _I, _P, _I, _P, _P, _P, _P, _P)
+        lib.ebb_isp_filter.restype = _I
+        lib.ebb_isp_filter.argtypes = (_P, _I, _P, _I, _P, _P, ctypes.c_float, ctypes.c_int, _P, _P, _P, _P, _P, _P)
     except (OSError, AttributeError):  # built for another machine, or stale: numpy does the work
         return None
-    lib.ebb_expand_q8.restype = _I
-    lib.ebb_expand_q8.argtypes = (_P, _I, _I, _I, _P, _I, _P, _P)
-    lib.ebb_mask_elements.restype = _I
-    lib.ebb_mask_elements.argtypes = (_P, _I, _I, _I, _P, _I, _P, _P, _P, _P, _P)
     return lib
 
 
@@ -92,3 +94,33 @@ def mask_elements(masks: np.ndarray, dim: int, idx: np.ndarray, n: int, codes: n
     if used != n:
         raise ValueError(f"corrupt update: its row masks carry {used} values, its header says {n}")
     return rows, flat, vals
+
+
+def isp_filter(table: np.ndarray, rows: np.ndarray, vals: np.ndarray, x: np.ndarray, v: np.float32,
+               quantize: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None] | None:
+    """The ISP significance filter on one parameter's touched rows, in one pass (see
+    ``ebb.engine.isp``): ``table`` (the pending δ, float32 [N, dim], updated in place),
+    ``rows`` int64 [k], ``vals`` and ``x`` (the update and the parameter's rows) float32
+    [k, dim], threshold ``v``; int8 codes with bfloat16 row scales when ``quantize``
+    (rows ≥ 4 wide only).
+
+    Returns the sent rows' positions among ``rows`` [q], their float32 values [q, dim]
+    and, when quantised, their codes [q, dim] and scales' bit patterns [q]; or None, with
+    ``table`` untouched, when a row holds NaN or infinity (the caller runs numpy).
+    """
+    k, dim = vals.shape
+    vals = np.ascontiguousarray(vals, dtype=np.float32)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    delta, peaks = np.empty((k, dim), dtype=np.float32), np.empty((k, dim), dtype=np.float32)
+    sent = np.empty((k, dim), dtype=np.float32)
+    at = np.empty(k, dtype=np.int64)
+    codes = np.empty((k, dim), dtype=np.int8) if quantize else None
+    scales = np.empty(k, dtype=np.uint16) if quantize else None
+    q = _lib.ebb_isp_filter(table.ctypes.data, dim, rows.ctypes.data, k, vals.ctypes.data, x.ctypes.data, v,
+                            int(quantize), delta.ctypes.data, peaks.ctypes.data, sent.ctypes.data,
+                            None if codes is None else codes.ctypes.data,
+                            None if scales is None else scales.ctypes.data, at.ctypes.data)
+    if q < 0:
+        return None
+    return at[:q], sent[:q], None if codes is None else codes[:q], None if scales is None else scales[:q]

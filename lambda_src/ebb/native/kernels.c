@@ -5,12 +5,13 @@
  * -ffp-contract=off and no fast-math), so replicas that use either agree bit for bit.
  * Called through ctypes (ebb.native); no Python headers, no libc beyond the compiler's.
  */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 /* ebb.native loads a library only if this matches its KERNELS_VERSION: bump both when a
  * kernel's signature or meaning changes, so a stale build is never called. */
-int ebb_kernels_version(void) { return 1; }
+int ebb_kernels_version(void) { return 3; }
 
 /* Whether a kernel may use the CPU's vector instructions (where it has a path for them);
  * the tests turn it off to check the portable path gives the same bits. Returns the old. */
@@ -152,5 +153,86 @@ int64_t ebb_mask_elements(const uint8_t *masks, int64_t k, int64_t dim, int64_t 
             }
         }
     }
+    return q;
+}
+
+/* float32 to bfloat16 bits, rounding to nearest even (as torch's .to(torch.bfloat16)) for
+ * finite values. */
+static uint16_t to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* Round half to even, as numpy's rint, for |c| < 2^22 (a code is within ±128 here). */
+static float rint_small(float c) {
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it leaves no fraction bits */
+    float big = c + magic;
+    return big - magic;
+}
+
+/* The ISP significance filter on one parameter's touched rows, as ebb.engine.isp's numpy
+ * path computes it: δ = table[rows] + vals; an entry is significant when |δ| > v |x|; a
+ * row is sent when one of its entries is. Sent rows go out with their significant
+ * entries (int8 codes and a bfloat16 scale per row when `quantize`, the float32 values
+ * those stand for), and table[rows] keeps δ minus what was sent.
+ *
+ * Outputs, compacted over the sent rows (q of them, in order): sent[q][dim] (float32),
+ * codes[q][dim] and scales[q] (when quantize), at[q] (their positions among `rows`).
+ * delta and peaks are scratch, [k][dim] floats each (sent must hold [k][dim] too).
+ * Returns q, or -1 when a row holds NaN or infinity (a diverging model): then nothing is
+ * written to `table` and the caller runs numpy, whose rounding of those rows is its own.
+ *
+ * The entries are done in flat passes free of branches (significance is random, and a
+ * mispredicted branch per entry costs more than the arithmetic), so they vectorise. */
+int64_t ebb_isp_filter(float *restrict table, int64_t dim, const int64_t *restrict rows, int64_t k,
+                       const float *restrict vals, const float *restrict x, float v, int quantize,
+                       float *restrict delta, float *restrict peaks, float *restrict sent,
+                       int8_t *restrict codes, uint16_t *restrict scales, int64_t *restrict at) {
+    const int64_t n = k * dim;
+    for (int64_t r = 0; r < k; r++) memcpy(delta + r * dim, table + rows[r] * dim, (size_t)dim * sizeof(float));
+    uint32_t *mbits = (uint32_t *)peaks;
+    for (int64_t i = 0; i < n; i++) {
+        float dj = delta[i] + vals[i];
+        float mag = fabsf(dj);
+        float sig = mag > fabsf(x[i]) * v ? 1.0f : 0.0f; /* NaN compares false */
+        delta[i] = dj;
+        sent[i] = dj * sig;
+        peaks[i] = mag * sig; /* ≥ +0, or NaN */
+    }
+    int64_t q = 0;
+    for (int64_t r = 0; r < k; r++) {
+        /* A row's largest |sent value|: as bit patterns, non-negative floats order as
+         * integers, and NaN and infinity lie above every finite one. */
+        uint32_t top = 0;
+        const uint32_t *mb = mbits + r * dim;
+        for (int64_t j = 0; j < dim; j++) top = mb[j] > top ? mb[j] : top;
+        if (top >= 0x7f800000u) return -1;
+        if (top == 0) continue; /* nothing significant: δ stays as it is */
+        float *o = sent + q * dim, *d = delta + r * dim;
+        if (q != r) memcpy(o, sent + r * dim, (size_t)dim * sizeof(float));
+        if (quantize) {
+            float peak;
+            memcpy(&peak, &top, sizeof peak);
+            uint16_t s16 = to_bf16(peak / 127.0f);
+            if ((s16 & 0x7fffu) == 0) s16 = 0x3f80u; /* a zero scale (the peak underflowed): 1.0 */
+            uint32_t bits = (uint32_t)s16 << 16;
+            float s;
+            memcpy(&s, &bits, sizeof s);
+            int8_t *c = codes + q * dim;
+            for (int64_t j = 0; j < dim; j++) {
+                float rc = rint_small(o[j] / s);
+                rc = rc < -127.0f ? -127.0f : rc;
+                rc = rc > 127.0f ? 127.0f : rc;
+                int code = (int)rc; /* (from the int: rc may be -0.0, a code is +0) */
+                c[j] = (int8_t)code;
+                o[j] = (float)code * s;
+            }
+            scales[q] = s16;
+        }
+        for (int64_t j = 0; j < dim; j++) d[j] -= o[j];
+        at[q++] = r;
+    }
+    for (int64_t r = 0; r < k; r++) memcpy(table + rows[r] * dim, delta + r * dim, (size_t)dim * sizeof(float));
     return q;
 }
