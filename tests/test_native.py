@@ -184,3 +184,26 @@ def test_a_nan_in_the_update_leaves_the_filter_to_numpy(monkeypatch, library):
     assert [f[0] for f in fast] == [s[0] for s in slow]
     assert torch.equal(fast_pending["w"].view(torch.int32), slow_pending["w"].view(torch.int32))
     assert torch.isnan(fast_pending["w"]).any()
+
+
+def test_float16_rounding_matches_torch_on_hard_values(monkeypatch, library):
+    """Half denormals, ties, -0.0 and the clamp at ±65504, through the filter's f16 form."""
+    monkeypatch.setattr(native, "_lib", library)
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+    values = bits.view(np.float32)
+    values = values[np.isfinite(values)]
+    ties = (np.arange(-3000, 3000, dtype=np.float32) + np.float32(0.5)) * np.float32(2.0**-24)  # halfway between denormals
+    hard = np.array([-0.0, 0.0, 65504, 65519.9, -65520, 1e30, -1e-30, 6.1e-5, 6.104e-5, 2.0**-14, 2.0**-25],
+                    dtype=np.float32)
+    values = np.concatenate([values, ties, hard, values * np.float32(1e-35)])
+    k = values.size
+    table = np.zeros((k, 1), dtype=np.float32)
+    # Threshold 0 with |x| = 1: every nonzero value is significant (a zero row is idle).
+    at, sent, codes, scales = native.isp_filter(table, np.arange(k), values[:, None], np.ones((k, 1), np.float32),
+                                                np.float32(0.0), "f16")
+    want = torch.from_numpy(values).clamp(-65504.0, 65504.0).to(torch.float16)
+    assert scales is None and codes.dtype == np.float16
+    assert np.array_equal(codes[:, 0].view(np.uint16), want.numpy()[at].view(np.uint16))
+    assert np.array_equal(sent[:, 0].view(np.uint32), want.to(torch.float32).numpy()[at].view(np.uint32))
+    assert at.size == np.count_nonzero(values)

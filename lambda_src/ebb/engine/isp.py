@@ -72,12 +72,13 @@ class SignificanceFilter:
         """
         table, at_rows = acc.numpy(), rows.numpy()
         dim = table.shape[1]
-        if native.available() and (not self.quantize or dim >= Q8_MIN_DIM):
+        if native.available():
+            form = None if not self.quantize else "q8" if dim >= Q8_MIN_DIM else "f16"
             done = native.isp_filter(table, at_rows, vals.numpy().reshape(-1, dim), x_rows.numpy().reshape(-1, dim),
-                                     np.float32(v_t), self.quantize)
+                                     np.float32(v_t), form)
             if done is not None:  # (None: a NaN or infinite row, for numpy below)
                 at, out_vals, codes, scales = done
-                pack = None if codes is None else (
+                pack = None if codes is None else (torch.from_numpy(codes), None) if scales is None else (
                     torch.from_numpy(codes), torch.from_numpy(scales.view(np.int16)).view(torch.bfloat16))
                 sent_rows = rows if at.size == at_rows.size else torch.from_numpy(at_rows.take(at))
                 return (sent_rows, torch.from_numpy(out_vals)), pack, at

@@ -19,7 +19,9 @@ import numpy as np
 
 from ebb.native.build import LIBRARY
 
-KERNELS_VERSION = 3  # kernels.c's ebb_kernels_version(): a library that says otherwise is stale
+_FORMS = {None: 0, "q8": 1, "f16": 2}  # the kernel's `quantize` argument
+
+KERNELS_VERSION = 4  # kernels.c's ebb_kernels_version(): a library that says otherwise is stale
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -97,16 +99,17 @@ def mask_elements(masks: np.ndarray, dim: int, idx: np.ndarray, n: int, codes: n
 
 
 def isp_filter(table: np.ndarray, rows: np.ndarray, vals: np.ndarray, x: np.ndarray, v: np.float32,
-               quantize: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None] | None:
+               form: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None] | None:
     """The ISP significance filter on one parameter's touched rows, in one pass (see
     ``ebb.engine.isp``): ``table`` (the pending δ, float32 [N, dim], updated in place),
     ``rows`` int64 [k], ``vals`` and ``x`` (the update and the parameter's rows) float32
-    [k, dim], threshold ``v``; int8 codes with bfloat16 row scales when ``quantize``
-    (rows ≥ 4 wide only).
+    [k, dim], threshold ``v``; ``form`` as ``ebb.sparse.quantize_rows`` would pick it:
+    "q8" (int8 codes with bfloat16 row scales), "f16" (float16) or None (float32 as is).
 
     Returns the sent rows' positions among ``rows`` [q], their float32 values [q, dim]
-    and, when quantised, their codes [q, dim] and scales' bit patterns [q]; or None, with
-    ``table`` untouched, when a row holds NaN or infinity (the caller runs numpy).
+    and, when quantised, their codes [q, dim] (int8 or float16) and the scales' bit
+    patterns [q] (None for float16); or None, with ``table`` untouched, when a row holds
+    NaN or infinity (the caller runs numpy).
     """
     k, dim = vals.shape
     vals = np.ascontiguousarray(vals, dtype=np.float32)
@@ -115,10 +118,11 @@ def isp_filter(table: np.ndarray, rows: np.ndarray, vals: np.ndarray, x: np.ndar
     delta, peaks = np.empty((k, dim), dtype=np.float32), np.empty((k, dim), dtype=np.float32)
     sent = np.empty((k, dim), dtype=np.float32)
     at = np.empty(k, dtype=np.int64)
-    codes = np.empty((k, dim), dtype=np.int8) if quantize else None
-    scales = np.empty(k, dtype=np.uint16) if quantize else None
+    mode = _FORMS[form]
+    codes = None if mode == 0 else np.empty((k, dim), dtype=np.int8 if mode == 1 else np.float16)
+    scales = np.empty(k, dtype=np.uint16) if mode == 1 else None
     q = _lib.ebb_isp_filter(table.ctypes.data, dim, rows.ctypes.data, k, vals.ctypes.data, x.ctypes.data, v,
-                            int(quantize), delta.ctypes.data, peaks.ctypes.data, sent.ctypes.data,
+                            mode, delta.ctypes.data, peaks.ctypes.data, sent.ctypes.data,
                             None if codes is None else codes.ctypes.data,
                             None if scales is None else scales.ctypes.data, at.ctypes.data)
     if q < 0:

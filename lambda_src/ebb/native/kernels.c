@@ -11,7 +11,7 @@
 
 /* ebb.native loads a library only if this matches its KERNELS_VERSION: bump both when a
  * kernel's signature or meaning changes, so a stale build is never called. */
-int ebb_kernels_version(void) { return 3; }
+int ebb_kernels_version(void) { return 4; }
 
 /* Whether a kernel may use the CPU's vector instructions (where it has a path for them);
  * the tests turn it off to check the portable path gives the same bits. Returns the old. */
@@ -171,14 +171,43 @@ static float rint_small(float c) {
     return big - magic;
 }
 
+/* float32 to float16 bits, rounding to nearest even (as torch's .to(torch.float16)), for
+ * |f| ≤ 65504 (the caller clamps), -0.0 and half denormals included. */
+static uint16_t to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax < 0x38800000u) /* below 2^-14: a denormal half, in units of 2^-24 (exact scaling) */
+        return sign | (uint16_t)rint_small(fabsf(f) * 16777216.0f);
+    uint32_t r = ax - 0x38000000u; /* rebias the exponent from 127 to 15 */
+    r += 0xfffu + ((r >> 13) & 1u);
+    return sign | (uint16_t)(r >> 13);
+}
+
+/* float16 bits (finite) to float32, exactly. */
+static float from_f16(uint16_t h) {
+    uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {
+        float f = (float)m * 5.9604644775390625e-8f; /* m × 2^-24 */
+        return h & 0x8000u ? -f : f;
+    }
+    uint32_t bits = ((uint32_t)(h & 0x8000u) << 16) | ((e + 112u) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 /* The ISP significance filter on one parameter's touched rows, as ebb.engine.isp's numpy
  * path computes it: δ = table[rows] + vals; an entry is significant when |δ| > v |x|; a
  * row is sent when one of its entries is. Sent rows go out with their significant
- * entries (int8 codes and a bfloat16 scale per row when `quantize`, the float32 values
- * those stand for), and table[rows] keeps δ minus what was sent.
+ * entries (quantize 1: int8 codes and a bfloat16 scale per row; 2: float16, for narrow
+ * rows; 0: as they are; and the float32 values those stand for), and table[rows] keeps δ
+ * minus what was sent.
  *
  * Outputs, compacted over the sent rows (q of them, in order): sent[q][dim] (float32),
- * codes[q][dim] and scales[q] (when quantize), at[q] (their positions among `rows`).
+ * codes[q][dim] (int8, or float16 bits) and scales[q] (quantize 1), at[q] (their
+ * positions among `rows`).
  * delta and peaks are scratch, [k][dim] floats each (sent must hold [k][dim] too).
  * Returns q, or -1 when a row holds NaN or infinity (a diverging model): then nothing is
  * written to `table` and the caller runs numpy, whose rounding of those rows is its own.
@@ -188,7 +217,7 @@ static float rint_small(float c) {
 int64_t ebb_isp_filter(float *restrict table, int64_t dim, const int64_t *restrict rows, int64_t k,
                        const float *restrict vals, const float *restrict x, float v, int quantize,
                        float *restrict delta, float *restrict peaks, float *restrict sent,
-                       int8_t *restrict codes, uint16_t *restrict scales, int64_t *restrict at) {
+                       void *restrict codes, uint16_t *restrict scales, int64_t *restrict at) {
     const int64_t n = k * dim;
     for (int64_t r = 0; r < k; r++) memcpy(delta + r * dim, table + rows[r] * dim, (size_t)dim * sizeof(float));
     uint32_t *mbits = (uint32_t *)peaks;
@@ -211,7 +240,15 @@ int64_t ebb_isp_filter(float *restrict table, int64_t dim, const int64_t *restri
         if (top == 0) continue; /* nothing significant: δ stays as it is */
         float *o = sent + q * dim, *d = delta + r * dim;
         if (q != r) memcpy(o, sent + r * dim, (size_t)dim * sizeof(float));
-        if (quantize) {
+        if (quantize == 2) {
+            uint16_t *h = (uint16_t *)codes + q * dim;
+            for (int64_t j = 0; j < dim; j++) {
+                float c = o[j] < -65504.0f ? -65504.0f : o[j];
+                c = c > 65504.0f ? 65504.0f : c;
+                h[j] = to_f16(c);
+                o[j] = from_f16(h[j]);
+            }
+        } else if (quantize) {
             float peak;
             memcpy(&peak, &top, sizeof peak);
             uint16_t s16 = to_bf16(peak / 127.0f);
@@ -219,7 +256,7 @@ int64_t ebb_isp_filter(float *restrict table, int64_t dim, const int64_t *restri
             uint32_t bits = (uint32_t)s16 << 16;
             float s;
             memcpy(&s, &bits, sizeof s);
-            int8_t *c = codes + q * dim;
+            int8_t *c = (int8_t *)codes + q * dim;
             for (int64_t j = 0; j < dim; j++) {
                 float rc = rint_small(o[j] / s);
                 rc = rc < -127.0f ? -127.0f : rc;
