@@ -193,7 +193,8 @@ def test_float16_rounding_matches_torch_on_hard_values(monkeypatch, library):
     bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
     values = bits.view(np.float32)
     values = values[np.isfinite(values)]
-    ties = (np.arange(-3000, 3000, dtype=np.float32) + np.float32(0.5)) * np.float32(2.0**-24)  # halfway between denormals
+    # Halfway between two half denormals: ties, to round to even.
+    ties = (np.arange(-3000, 3000, dtype=np.float32) + np.float32(0.5)) * np.float32(2.0**-24)
     hard = np.array([-0.0, 0.0, 65504, 65519.9, -65520, 1e30, -1e-30, 6.1e-5, 6.104e-5, 2.0**-14, 2.0**-25],
                     dtype=np.float32)
     values = np.concatenate([values, ties, hard, values * np.float32(1e-35)])
