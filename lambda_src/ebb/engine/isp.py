@@ -66,9 +66,10 @@ class SignificanceFilter:
         """δ[rows] += vals; the sent (rows, values), their packed form and their positions
         among ``rows``; δ keeps the rest.
 
-        In numpy, in as few passes as it takes: each pass over the k × dim rows costs
-        about what torch's costs, but numpy's row gather and scatter are 2–4× faster than
-        ``index_select``/``index_copy_``, and its float masks cheaper than torch's bools.
+        In one pass with the compiled kernels (``ebb.native``); else, bit for bit the
+        same, in numpy, in as few passes as it takes: each pass over the k × dim rows
+        costs about what torch's costs, but numpy's row gather and scatter are 2–4× faster
+        than ``index_select``/``index_copy_``, and its float masks cheaper than torch's bools.
         """
         table, at_rows = acc.numpy(), rows.numpy()
         dim = table.shape[1]
