@@ -224,10 +224,8 @@ class RowUpdate:
                 off += _U32.size
                 if nnz * _ELEMENT_COST < k * dim and native.available():
                     if flags & _Q8:
-                        scales = np.frombuffer(buf, dtype="<u2", count=k, offset=off)
-                        codes = np.frombuffer(buf, dtype=np.int8, count=nnz, offset=off + 2 * k)
+                        scales, codes, off = _q8_parts(buf, off, k, nnz)
                         row, flat, carried = native.mask_elements(masks, dim, idx.numpy(), nnz, codes, scales)
-                        off += 2 * k + nnz
                     else:
                         row, flat, _ = native.mask_elements(masks, dim, idx.numpy(), nnz)
                         carried, off = _decode_values(buf, off, flags, k, nnz, None)
@@ -242,9 +240,8 @@ class RowUpdate:
                                       torch.from_numpy(carried))
                     continue
                 if flags & _Q8 and native.available():  # one pass instead of five
-                    scales = np.frombuffer(buf, dtype="<u2", count=k, offset=off)
-                    codes = np.frombuffer(buf, dtype=np.int8, count=nnz, offset=off + 2 * k)
-                    vals, off = native.expand_q8(masks, dim, codes, scales), off + 2 * k + nnz
+                    scales, codes, off = _q8_parts(buf, off, k, nnz)
+                    vals = native.expand_q8(masks, dim, codes, scales)
                 else:
                     present = np.unpackbits(masks, axis=1, count=dim, bitorder="little").view(bool)
                     vals, off = _decode_values(buf, off, flags, k, nnz, None, present)
@@ -323,14 +320,20 @@ def _row_masks(keep: np.ndarray, width: int) -> np.ndarray:
     return np.packbits(padded.reshape(-1), bitorder="little").reshape(k, width)
 
 
+def _q8_parts(buf: memoryview, off: int, k: int, n: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The int8 form's bfloat16 row scales (as bits, uint16 [k]), its n codes and the offset after them."""
+    scales = np.frombuffer(buf, dtype="<u2", count=k, offset=off)
+    codes = np.frombuffer(buf, dtype=np.int8, count=n, offset=off + 2 * k)
+    return scales, codes, off + 2 * k + n
+
+
 def _decode_values(buf: memoryview, off: int, flags: int, k: int, n: int, row_of: np.ndarray | None,
                    present: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """float32 values and the offset after them: the n carried ones in order, or, given the
     ``present`` mask [k, dim], whole rows with zeros where nothing was carried."""
     if flags & _Q8:
-        scales = (np.frombuffer(buf, dtype="<u2", count=k, offset=off).astype(np.uint32) << 16).view(np.float32)
-        carried = np.frombuffer(buf, dtype=np.int8, count=n, offset=off + 2 * k)
-        off += 2 * k + n
+        scale_bits, carried, off = _q8_parts(buf, off, k, n)
+        scales = (scale_bits.astype(np.uint32) << 16).view(np.float32)
         if present is not None:  # (a boolean-mask assignment is 4× slower than by positions)
             codes = np.zeros(present.shape, dtype=np.int8)
             codes.reshape(-1)[np.flatnonzero(present)] = carried

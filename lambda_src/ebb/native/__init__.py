@@ -68,10 +68,8 @@ def expand_q8(masks: np.ndarray, dim: int, codes: np.ndarray, scales: np.ndarray
     padded[:n] = codes
     flat = np.empty(k * dim + 8, dtype=np.float32)  # the kernel may write 8 floats past the last row
     out = flat[: k * dim].reshape(k, dim)
-    used = _lib.ebb_expand_q8(masks.ctypes.data, k, dim, width, padded.ctypes.data, n, scales.ctypes.data,
-                              out.ctypes.data)
-    if used != n:
-        raise ValueError(f"corrupt update: its row masks carry {used} values, its header says {n}")
+    _check_count(_lib.ebb_expand_q8(masks.ctypes.data, k, dim, width, padded.ctypes.data, n, scales.ctypes.data,
+                                    out.ctypes.data), n)
     return out
 
 
@@ -91,11 +89,14 @@ def mask_elements(masks: np.ndarray, dim: int, idx: np.ndarray, n: int, codes: n
         scales = np.ascontiguousarray(scales, dtype=np.uint16)
         vals = np.empty(n, dtype=np.float32)
         args = (codes.ctypes.data, scales.ctypes.data, vals.ctypes.data)
-    used = _lib.ebb_mask_elements(masks.ctypes.data, k, dim, width, idx.ctypes.data, n, rows.ctypes.data,
-                                  flat.ctypes.data, *args)
-    if used != n:
-        raise ValueError(f"corrupt update: its row masks carry {used} values, its header says {n}")
+    _check_count(_lib.ebb_mask_elements(masks.ctypes.data, k, dim, width, idx.ctypes.data, n, rows.ctypes.data,
+                                        flat.ctypes.data, *args), n)
     return rows, flat, vals
+
+
+def _check_count(carried: int, n: int) -> None:
+    if carried != n:
+        raise ValueError(f"corrupt update: its row masks carry {carried} values, its header says {n}")
 
 
 def isp_filter(table: np.ndarray, rows: np.ndarray, vals: np.ndarray, x: np.ndarray, v: np.float32,
@@ -111,6 +112,8 @@ def isp_filter(table: np.ndarray, rows: np.ndarray, vals: np.ndarray, x: np.ndar
     patterns [q] (None for float16); or None, with ``table`` untouched, when a row holds
     NaN or infinity (the caller runs numpy).
     """
+    if not (table.flags.c_contiguous and table.dtype == np.float32):  # written through a raw pointer
+        raise ValueError(f"isp_filter needs a C-contiguous float32 table, not {table.dtype} {table.strides}")
     k, dim = vals.shape
     vals = np.ascontiguousarray(vals, dtype=np.float32)
     x = np.ascontiguousarray(x, dtype=np.float32)

@@ -23,8 +23,6 @@ int ebb_set_simd(int on) {
 }
 
 /* For a mask byte b: where each of its 8 entries finds its code among the next 8 carried
- * codes (8: nowhere, code 0), and how many codes it carries. */
-/* For a mask byte b: where each of its 8 entries finds its code among the next 8 carried
  * codes (0x80: nowhere, code 0; the form SSSE3's byte shuffle takes), and how many codes
  * it carries. */
 static uint8_t SLOT[256][16] __attribute__((aligned(16)));
@@ -36,6 +34,20 @@ __attribute__((constructor)) static void init_tables(void) {
         for (int j = 0; j < 16; j++) SLOT[b][j] = j < 8 && (b >> j) & 1 ? (uint8_t)n++ : 0x80;
         COUNT[b] = (uint8_t)n;
     }
+}
+
+/* bfloat16 bits to float32, exactly. */
+static float from_bf16(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* The bits of a row's last mask byte that stand for entries (the rest is padding). */
+static unsigned tail_mask_of(int64_t dim, int64_t width) {
+    const int64_t tail = dim - 8 * (width - 1);
+    return tail >= 8 ? 0xffu : (1u << tail) - 1u;
 }
 
 static int64_t count_codes(const uint8_t *masks, int64_t k, int64_t width, unsigned tail_mask) {
@@ -53,9 +65,7 @@ static void expand_q8_scalar(const uint8_t *masks, int64_t k, int64_t dim, int64
                              const uint16_t *scales, float *out, unsigned tail_mask) {
     int64_t p = 0;
     for (int64_t r = 0; r < k; r++) {
-        uint32_t bits = (uint32_t)scales[r] << 16;
-        float s;
-        memcpy(&s, &bits, sizeof s);
+        const float s = from_bf16(scales[r]);
         const uint8_t *m = masks + r * width;
         float *o = out + r * dim;
         for (int64_t w = 0; w < width; w++) {
@@ -78,10 +88,7 @@ __attribute__((target("sse4.1"))) static void expand_q8_sse41(
     float *out, unsigned tail_mask) {
     int64_t p = 0;
     for (int64_t r = 0; r < k; r++) {
-        uint32_t bits = (uint32_t)scales[r] << 16;
-        float s1;
-        memcpy(&s1, &bits, sizeof s1);
-        __m128 s = _mm_set1_ps(s1);
+        const __m128 s = _mm_set1_ps(from_bf16(scales[r]));
         const uint8_t *m = masks + r * width;
         float *o = out + r * dim;
         for (int64_t w = 0; w < width; w++) {
@@ -106,8 +113,7 @@ __attribute__((target("sse4.1"))) static void expand_q8_sse41(
 int64_t ebb_expand_q8(const uint8_t *masks, int64_t k, int64_t dim, int64_t width, const int8_t *codes,
                       int64_t n, const uint16_t *scales, float *out) {
     if (k == 0 || dim == 0) return 0;
-    const int64_t tail = dim - 8 * (width - 1); /* entries in a row's last mask byte */
-    const unsigned tail_mask = tail >= 8 ? 0xffu : (1u << tail) - 1u;
+    const unsigned tail_mask = tail_mask_of(dim, width);
     int64_t total = count_codes(masks, k, width, tail_mask);
     if (total != n) return total;
 #if defined(__x86_64__) || defined(__i386__)
@@ -128,19 +134,14 @@ int64_t ebb_mask_elements(const uint8_t *masks, int64_t k, int64_t dim, int64_t 
                           int64_t n, int64_t *rows_out, int64_t *flat_out, const int8_t *codes,
                           const uint16_t *scales, float *vals_out) {
     if (k == 0 || dim == 0) return 0;
-    const int64_t tail = dim - 8 * (width - 1);
-    const unsigned tail_mask = tail >= 8 ? 0xffu : (1u << tail) - 1u;
+    const unsigned tail_mask = tail_mask_of(dim, width);
     int64_t total = count_codes(masks, k, width, tail_mask);
     if (total != n) return total;
     int64_t q = 0;
     for (int64_t r = 0; r < k; r++) {
         const uint8_t *m = masks + r * width;
         const int64_t row = idx[r], base = row * dim;
-        float s = 0.0f;
-        if (codes) {
-            uint32_t bits = (uint32_t)scales[r] << 16;
-            memcpy(&s, &bits, sizeof s);
-        }
+        const float s = codes ? from_bf16(scales[r]) : 0.0f;
         for (int64_t w = 0; w < width; w++) {
             unsigned b = w + 1 < width ? m[w] : m[w] & tail_mask;
             while (b) {
@@ -253,9 +254,7 @@ int64_t ebb_isp_filter(float *restrict table, int64_t dim, const int64_t *restri
             memcpy(&peak, &top, sizeof peak);
             uint16_t s16 = to_bf16(peak / 127.0f);
             if ((s16 & 0x7fffu) == 0) s16 = 0x3f80u; /* a zero scale (the peak underflowed): 1.0 */
-            uint32_t bits = (uint32_t)s16 << 16;
-            float s;
-            memcpy(&s, &bits, sizeof s);
+            const float s = from_bf16(s16);
             int8_t *c = (int8_t *)codes + q * dim;
             for (int64_t j = 0; j < dim; j++) {
                 float rc = rint_small(o[j] / s);
