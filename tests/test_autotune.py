@@ -145,6 +145,23 @@ def test_no_knee_while_still_steep_or_never_dropping():
     assert find_knee([]) is None
 
 
+def plateau_then_descent(t):
+    """PMF's shape at MovieLens-10M scale: a quick 10% drop, a plateau to step 120, the real descent."""
+    early = 1.0 + 0.11 * np.exp(-t / 10)
+    late = 0.45 / (1 + np.exp(-(t - 170) / 25))  # the factors grow out of their small start
+    return early - late
+
+
+def test_an_early_plateau_is_not_the_knee():
+    rng = np.random.default_rng(0)
+    losses = plateau_then_descent(np.arange(0, 2000.0)) + rng.normal(0, 0.003, 2000)
+    # A 1% drop lets the plateau pass for the knee: what the tuner did at ML-10M shape.
+    assert find_knee(losses, min_drop=0.01) < 120
+    # The default asks for 5%: the knee comes after the real descent has levelled off.
+    knee = find_knee(losses)
+    assert knee is not None and knee > 200 and losses[knee] < 0.65
+
+
 def test_knee_detector_state_round_trip():
     losses = CURVES["1/(at+b)+c"](np.arange(0, 400.0))
     expected = find_knee(losses)

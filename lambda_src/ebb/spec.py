@@ -154,6 +154,8 @@ class ScalingSpec(_Strict):
     knee_tolerance: float = Field(0.1, gt=0, description="knee: the smoothed slope is flatter than this share of "
                                   "the steepest ...")
     knee_patience: int = Field(5, ge=1, description="... for this many checks")
+    knee_min_drop: float = Field(0.05, ge=0, lt=1, description="knee: not before the smoothed loss has fallen this "
+                                 "share below its level after the warm-up (an early plateau is not the knee)")
     throughput_tolerance: float = Field(0.1, ge=0, le=1, description="evict only while the projected minibatches "
                                         "per second with one worker fewer stay within this share of the initial "
                                         "fleet's (1: off)")

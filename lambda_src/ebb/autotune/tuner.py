@@ -42,7 +42,7 @@ import math
 import numpy as np
 
 from .curves import LocalCurve, ReferenceCurve, fit_local, fit_reference
-from .knee import DEFAULT_ALPHA, DEFAULT_PATIENCE, DEFAULT_TOLERANCE, KneeDetector, smooth_points
+from .knee import DEFAULT_ALPHA, DEFAULT_MIN_DROP, DEFAULT_PATIENCE, DEFAULT_TOLERANCE, KneeDetector, smooth_points
 
 # Default tolerance S. s_Δ is relative to the *absolute* loss, which includes the
 # irreducible floor θ3 (BCE ~0.45, RMSE ~0.55): after the knee the whole remaining
@@ -82,7 +82,7 @@ class ScaleInTuner:
     ``interval_s`` (T): seconds between decisions after the knee (MLLess: 20 s).
     ``horizon_s`` (Δ ≤ T): look-ahead used to project both curves (MLLess: 10 s).
     ``tolerance`` (S in [0, 1]): evict while s_Δ < S; see ``DEFAULT_S``.
-    ``knee_alpha``/``knee_tolerance``/``knee_patience``: the knee detector's settings.
+    ``knee_alpha``/``knee_tolerance``/``knee_patience``/``knee_min_drop``: the knee detector's settings.
     ``min_workers``: never suggest an eviction at or below this fleet size.
     ``min_fit_points``: steps needed since the last eviction before ``ℓ_p`` is fitted.
     ``fit_alpha``: EWMA weight of the outlier filter applied before every fit; lighter
@@ -104,6 +104,7 @@ class ScaleInTuner:
         knee_alpha: float = DEFAULT_ALPHA,
         knee_tolerance: float = DEFAULT_TOLERANCE,
         knee_patience: int = DEFAULT_PATIENCE,
+        knee_min_drop: float = DEFAULT_MIN_DROP,
         min_workers: int = 1,
         min_fit_points: int = 10,
         fit_alpha: float = 0.3,
@@ -134,7 +135,8 @@ class ScaleInTuner:
         self.min_workers = int(min_workers)
         self.min_fit_points = int(min_fit_points)
         self.fit_alpha = float(fit_alpha)
-        self.knee = KneeDetector(alpha=knee_alpha, tolerance=knee_tolerance, patience=knee_patience)
+        self.knee = KneeDetector(alpha=knee_alpha, tolerance=knee_tolerance, patience=knee_patience,
+                                 min_drop=knee_min_drop)
         # Observations kept for fitting: all of them until the knee, then only those
         # since the last eviction decision (older ones are never needed again).
         self._steps: list[int] = []
@@ -308,6 +310,7 @@ class ScaleInTuner:
             "knee_alpha": self.knee.alpha,
             "knee_tolerance": self.knee.tolerance,
             "knee_patience": self.knee.patience,
+            "knee_min_drop": self.knee.min_drop,
             "min_workers": self.min_workers,
             "min_fit_points": self.min_fit_points,
             "fit_alpha": self.fit_alpha,

@@ -89,7 +89,8 @@ def policy_for(spec: JobSpec):
         return make_policy("none")
     if s.policy == "autotune":
         return make_policy("autotune", interval_s=s.interval_s, horizon_s=s.horizon_s, tolerance=s.tolerance,
-                           knee_tolerance=s.knee_tolerance, knee_patience=s.knee_patience, min_workers=s.min_workers,
+                           knee_tolerance=s.knee_tolerance, knee_patience=s.knee_patience,
+                           knee_min_drop=s.knee_min_drop, min_workers=s.min_workers,
                            throughput_tolerance=s.throughput_tolerance)
     if s.policy == "schedule":
         return make_policy("schedule", schedule=[e.model_dump() for e in s.schedule], min_workers=s.min_workers,
