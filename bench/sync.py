@@ -210,7 +210,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1M ratings instead of 10M")
     ap.add_argument("--workers", default="4,8")
-    ap.add_argument("--sync", default="bsp,ssp,isp", help="which sync models to run (comma-separated)")
+    ap.add_argument("--sync", default="bsp,ssp,isp",
+                    help="which sync models to run (comma-separated; none: only DDP, with --with-ddp)")
     ap.add_argument("--isp-v", default="0.7,1", help="ISP thresholds to run (MLLess's 0.7 and a tuned one)")
     ap.add_argument("--model", default="pmf", choices=["pmf", "sparse_lr"],
                     help="pmf (planted ratings) | sparse_lr (the Criteo-shaped generator, --lr-rows rows)")
