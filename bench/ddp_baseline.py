@@ -196,12 +196,12 @@ def _tensor_bytes(part: tuple) -> int:
 def _preload(objects, parts, load, P: int) -> dict[int, tuple]:
     """Every training part, decoded before the clock starts, when P copies fit in half the free memory.
 
-    Otherwise the dict starts empty and the loop decodes a part when it first trains on it
-    (32 ranks of the Criteo-shaped set would each hold 420 MB). Decoding during training
+    Otherwise it holds only the first part and the loop decodes each other part when it first trains on it
+    (32 ranks of the 1M-row Criteo-shaped set would each hold 485 MB). Decoding during training
     interleaves long-lived part tensors with each step's freed gradients on glibc's heap:
     with dense PMF gradients every new part then strands about a gradient's worth of heap
     (5.5 MB a part at ML-10M shape, 8 ranks reached 3 GB each and the OOM killer), and
-    the page faults of the growing heap added a quarter to a step's CPU. Preloaded,
+    the page faults of the growing heap added about 40% to a step's CPU. Preloaded,
     a rank's memory stays flat and its steps are what a DDP user would measure.
     """
     first = load(objects, parts[:1])[0]
