@@ -166,6 +166,7 @@ def test_with_replayed_cpu_two_fleet_runs_take_the_same_steps_and_decisions(smal
     # A tuner eager to evict (tolerance 1, quick knee, short intervals) so there are decisions to compare.
     fields = {"workers": 4, "clock.cold_start_s": 0.5, "scaling.policy": "autotune", "scaling.interval_s": 0.3,
               "scaling.horizon_s": 0.2, "scaling.knee_patience": 1, "scaling.knee_tolerance": 0.9,
+              "scaling.knee_min_drop": 0.0,
               "scaling.tolerance": 1.0, "stop.max_epochs": 8, "round_steps": 24}
     runs = [run_local(_fleet_spec(data_dir, tmp_path / f"r{i}", **fields), measure_of=replayed)[0] for i in range(2)]
     a, b = runs

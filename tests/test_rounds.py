@@ -149,7 +149,7 @@ def test_the_auto_tuner_evicts_before_a_round_boundary_and_the_fleet_stays_small
     spec = _spec(data_dir, tmp_path, workers=4, round_steps=8, **{
         "sync.mode": "isp", "stop.max_epochs": 12, "scaling.policy": "autotune", "scaling.interval_s": 0.05,
         "scaling.horizon_s": 0.05, "scaling.tolerance": 1.0, "scaling.knee_tolerance": 0.9,
-        "scaling.knee_patience": 1, "scaling.min_workers": 2})
+        "scaling.knee_patience": 1, "scaling.knee_min_drop": 0.0, "scaling.min_workers": 2})
     signals = RecordingChannel()
     report, _ = run_local(spec, in_process=True, signals=signals)
     evictions = [e for e in report["scale_events"] if e["action"] == "evict"]
