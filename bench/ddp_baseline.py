@@ -58,6 +58,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -206,11 +207,7 @@ def _preload(objects, parts, load, P: int) -> dict[int, tuple]:
     """
     first = load(objects, parts[:1])[0]
     need = _tensor_bytes(first) * len(parts) * P
-    try:
-        avail = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemAvailable"))
-    except (OSError, StopIteration):
-        avail = 0
-    if need > avail // 2:
+    if need > psutil.virtual_memory().available // 2:
         return {0: first}
     return {0: first, **{i: part for i, part in enumerate(load(objects, parts[1:]), start=1)}}
 

@@ -66,6 +66,11 @@ Elements = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (row, flat index i
 Packed = tuple[torch.Tensor, torch.Tensor | None]  # (int8 codes, bfloat16 row scales) or (float16 values, None)
 
 
+def quantized_form(dim: int) -> str:
+    """The compact form ``quantize_rows`` gives rows ``dim`` wide: "q8" (int8 + a bfloat16 row scale) or "f16"."""
+    return "q8" if dim >= Q8_MIN_DIM else "f16"
+
+
 def quantize_rows(vals: np.ndarray, peak: np.ndarray | None = None) -> tuple[Packed, np.ndarray]:
     """Round ``vals`` [k, dim] (float32) to a compact exact form: (packed, the float32 values it stands for).
 
@@ -75,7 +80,7 @@ def quantize_rows(vals: np.ndarray, peak: np.ndarray | None = None) -> tuple[Pac
     a masked row's absent entries stay absent. ``peak``: each row's max |value| when the
     caller has it already.
     """
-    if vals.shape[1] >= Q8_MIN_DIM:
+    if quantized_form(vals.shape[1]) == "q8":
         if peak is None:
             peak = row_peaks(np.abs(vals))
         scales = torch.from_numpy(peak).div(127.0).to(torch.bfloat16)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ebb import native
-from ebb.sparse import Q8_MIN_DIM, Packed, RowUpdate, gather_rows, quantize_rows, row_peaks, scatter_rows
+from ebb.sparse import Packed, RowUpdate, gather_rows, quantize_rows, quantized_form, row_peaks, scatter_rows
 
 
 class SignificanceFilter:
@@ -74,7 +74,7 @@ class SignificanceFilter:
         table, at_rows = acc.numpy(), rows.numpy()
         dim = table.shape[1]
         if native.available():
-            form = None if not self.quantize else "q8" if dim >= Q8_MIN_DIM else "f16"
+            form = quantized_form(dim) if self.quantize else None
             done = native.isp_filter(table, at_rows, vals.numpy().reshape(-1, dim), x_rows.numpy().reshape(-1, dim),
                                      np.float32(v_t), form)
             if done is not None:  # (None: a NaN or infinite row, for numpy below)
