@@ -12,7 +12,8 @@ time for both runs, like MLLess Fig. 2.
     python bench/autotuner.py --clock fleet --workers 24 --lr-data criteo   # on the fleet clock
 
 On the fleet clock (``--clock fleet``) time, T and Δ are fleet seconds and the cost is the
-engine's cost meter on fleet time; the JSON and PNG are named ``fleet-autotuner-P<workers>``.
+engine's cost meter on fleet time. The JSON and PNG go to
+``bench/results/autotuner/<clock>-<model>-<data>-P<workers>`` unless ``--json`` says where.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, print_table, write_json  # noqa: E402
+from _common import print_table, provenance, result_path, write_json  # noqa: E402
 
 from ebb.data.prepare import prepare_dataset  # noqa: E402
 from ebb.data.synth import synth_logistic  # noqa: E402
@@ -202,13 +203,15 @@ def main(argv=None):
                          "the arms side by side under the same load (process CPU time grows with the load), "
                          "then --combine their JSONs")
     ap.add_argument("--combine", nargs="+", metavar="JSON", help="only merge the rows of these JSONs, judge, plot")
-    ap.add_argument("--json", help="output JSON (default bench/results/autotuner.json, or fleet-autotuner-P<workers>)")
+    ap.add_argument("--json", help="output JSON (default bench/results/autotuner/<clock>-<model>-<data>-P<workers>"
+                                   "[-<arms>].json; the PNG beside it)")
     args = ap.parse_args(argv)
     if args.combine:
         import json
 
         parts = [json.loads(Path(path).read_text()) for path in args.combine]
-        return summarise([row for part in parts for row in part["rows"]], args, [part["settings"] for part in parts])
+        return summarise([row for part in parts for row in part["rows"]], args, [part["settings"] for part in parts],
+                         [part.get("command") for part in parts])
 
     from sync import LR_TARGET as CRITEO_TARGET
     from sync import dataset as ratings_dataset
@@ -232,8 +235,10 @@ def main(argv=None):
     summarise(rows, args)
 
 
-def summarise(rows: list[dict], args, arm_settings: list[dict] | None = None) -> None:
-    """Table, verdict per model (tuner on against off, when both arms are there), plot and JSON."""
+def summarise(rows: list[dict], args, arm_settings: list[dict] | None = None,
+              arm_commands: list[str | None] | None = None) -> None:
+    """Table, verdict per model (tuner on against off, when both arms are there), plot and JSON; a JSON
+    combined from arms run apart records each arm's command, then the combining one."""
     print()
     print_table(rows, [("model", "model"), ("tuner", "tuner"), ("reached", "reached"),
                        ("time_to_target_s", "s to target (median)"), ("time_range_s", "range"), ("cost_usd", "cost $"),
@@ -250,13 +255,23 @@ def summarise(rows: list[dict], args, arm_settings: list[dict] | None = None) ->
             print(f"{model}: Perf/$ {v['perf_per_dollar_gain']:.2f}× with the tuner (target ≥ 1.4), time to target "
                   f"{v['time_ratio']:.2f}× (target ≤ 1.10), test metric differs by {100 * v['metric_rel_diff']:.2f}% "
                   f"(target ≤ 1%)")
-    name = f"fleet-autotuner-P{args.workers}" if args.clock == "fleet" else "autotuner"
-    png = Path(args.json).with_suffix(".png") if args.json else RESULTS / f"{name}.png"
+    out = Path(args.json) if args.json else default_path(args, rows, arm_settings)
+    png = out.with_suffix(".png")
     if all(r.get("timeline") for r in rows):
         plot(rows, png)
-    write_json(name, {"rows": rows, "verdict": verdict, "png": str(png.name), "settings": vars(args),
-                      **({"arm_settings": arm_settings} if arm_settings else {})},
-               args.json)
+    write_json(out, {"rows": rows, "verdict": verdict, "png": str(png.name), "settings": vars(args),
+                     **({"arm_settings": arm_settings} if arm_settings else {}),
+                     **({"command": [*arm_commands, provenance()["command"]]} if arm_commands else {})})
+
+
+def default_path(args, rows: list[dict], arm_settings: list[dict] | None = None) -> Path:
+    """bench/results/autotuner/<clock>-<model>-<data>[-<model>-<data>]-P<workers>[-<arms>].json (the data as
+    the arms ran it, when combining)."""
+    ran = arm_settings[0] if arm_settings else vars(args)
+    data = {"pmf": ran["pmf_shape"], "sparse_lr": ran["lr_data"]}
+    models = "-".join(f"{m}-{data[m]}" for m in dict.fromkeys(r["model"] for r in rows))
+    arms = "" if args.arms == "none,autotune" else "-" + args.arms.replace(",", "-")
+    return result_path("autotuner", f"{args.clock}-{models}-P{args.workers}{arms}")
 
 
 if __name__ == "__main__":

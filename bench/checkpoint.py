@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import torch  # noqa: E402
 
-from _common import print_table, write_json  # noqa: E402
+from _common import print_table, result_path, write_json  # noqa: E402
 from ebb.cost.model import Usage, estimate_cost, load_prices  # noqa: E402
 from ebb.engine import checkpoint  # noqa: E402
 from ebb.engine.isp import SignificanceFilter  # noqa: E402
@@ -90,6 +90,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--link-mb-s", type=float, default=75.0, help="assumed S3 throughput of one Lambda function")
     ap.add_argument("--no-moto", action="store_true", help="skip the moto_server run")
+    ap.add_argument("--json", help="output JSON (default bench/results/checkpoint/ml10m-P<workers>.json)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     model, isp = worker_state()
@@ -120,9 +121,10 @@ def main() -> int:
     print(f"\nsupervisor state after {args.steps:,} steps of {args.workers} workers: {sup_bytes / 1e6:.2f} MB")
     print(f"one more round for {args.workers} workers: ${per_round:.5f} (invocations, transitions, "
           f"checkpoint PUT/GET, {s3_s:.2f} s of checkpoint I/O per worker at {args.link_mb_s:g} MB/s)")
-    write_json("checkpoint", {"rows": rows, "workers": args.workers, "steps": args.steps,
-                              "supervisor_state_bytes": sup_bytes, "round_cost_usd": per_round,
-                              "link_mb_s": args.link_mb_s})
+    write_json(result_path("checkpoint", f"ml10m-P{args.workers}"),
+               {"rows": rows, "workers": args.workers, "steps": args.steps, "supervisor_state_bytes": sup_bytes,
+                "round_cost_usd": per_round, "link_mb_s": args.link_mb_s},
+               args.json)
     return 0
 
 

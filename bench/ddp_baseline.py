@@ -49,13 +49,11 @@ the ``if __name__ == "__main__":`` guard.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import socket
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import psutil
@@ -63,6 +61,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from _common import result_path, write_json
 from ebb.data.format import checksum, decode_batch
 from ebb.engine.striping import PartSequence
 from ebb.engine.worker import load_manifest
@@ -543,7 +542,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-stop", action="store_true", help="keep training after the target to see the final metric")
     ap.add_argument("--tune", action="store_true", help="grid-search the lr first (short runs), then run with the best")
     ap.add_argument("--tune-epochs", type=float, default=3.0)
-    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--json", help="output JSON (default bench/results/ddp_baseline/<model>-P<workers>-<variants>"
+                                   ".json)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -593,10 +593,8 @@ def main(argv=None) -> int:
     print()
     print_table(rows)
     print("clock: " + rows[0]["clock"] if rows else "")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        out = {"results": rows, "tuning": tuning, "argv": sys.argv[1:]}
-        Path(args.json).write_text(json.dumps(_json_safe(out), indent=2))
+    label = f"{args.model}-P{args.workers}-{'-'.join(variants)}"
+    write_json(result_path("ddp_baseline", label), _json_safe({"results": rows, "tuning": tuning}), args.json)
     return 0
 
 

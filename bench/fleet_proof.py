@@ -30,7 +30,7 @@ summary's "calibrated" error adds it to the fleet clock (see ``summarise``).
     sudo python bench/fleet_proof.py --model sparse_lr --unshaped   # a Criteo-shaped set
     sudo python bench/fleet_proof.py --probe         # only measure the shaped links
     sudo python bench/fleet_proof.py --cleanup       # remove leftovers of a killed run
-    python bench/fleet_proof.py --summarise bench/results/fleet_proof.json   # re-print a run
+    python bench/fleet_proof.py --summarise bench/results/fleet_proof/pmf.json   # re-print a run
 
 Every namespace and veth is removed at the end, on Ctrl-C and on error.
 """
@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table, write_json  # noqa: E402
+from _common import print_table, result_path, write_json  # noqa: E402
 
 PREFIX = "ebbfp"
 SUBNET = "10.213.0"
@@ -667,7 +667,7 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=288, help="fixed length of every run, steps (default 288)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=2, help="run the whole matrix this many times (default 2)")
-    ap.add_argument("--json", help="output JSON (default bench/results/fleet_proof[-MODEL].json)")
+    ap.add_argument("--json", help="output JSON (default bench/results/fleet_proof/<model>[-node<MB/s>|-probe].json)")
     ap.add_argument("--no-priority", action="store_true", help="do not renice the benchmark's processes")
     args = ap.parse_args(argv)
 
@@ -712,7 +712,8 @@ def main(argv=None) -> None:
                              ("rtt_ms_median", "PING ms"), ("rtt_ms_p90", "PING p90 ms"),
                              ("release_first_worker_ms", "release ms (first go)"), ("barrier_ms", "clock barrier ms")])
         if args.probe:
-            write_json("fleet_proof-probe", {"burst_ms": args.burst_ms, "links": probes}, args.json)
+            write_json(result_path("fleet_proof", f"{args.model}-probe"), {"burst_ms": args.burst_ms, "links": probes},
+                       args.json)
             return
         rows = []
         for repeat in range(args.repeats):  # interleaved: a drift in the machine's load hits every cell alike
@@ -741,7 +742,8 @@ def main(argv=None) -> None:
     print()
     verdict = print_summary(summary)
     worst = max(abs(r["error_pct_sized"]) for r in summary if r["link"] != "unshaped")
-    write_json("fleet_proof" if args.model == "pmf" else f"fleet_proof-{args.model}", {
+    node = f"-node{args.node_mb_s:g}" if args.node_mb_s else ""
+    write_json(result_path("fleet_proof", f"{args.model}{node}"), {
         "method": {"model": args.model, "shape": args.shape if args.model == "pmf" else "criteo-shaped",
                    "workers": args.workers, "steps": args.steps, "burst_ms": args.burst_ms,
                    "node_mb_s": args.node_mb_s, "payload_share": PAYLOAD_SHARE, "priority": not args.no_priority,

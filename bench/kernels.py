@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table, write_json  # noqa: E402
+from _common import print_table, result_path, write_json  # noqa: E402
 
 from ebb.models.logistic import DenseLR, SparseLR  # noqa: E402
 from ebb.models.pmf import PMF  # noqa: E402
@@ -167,7 +167,7 @@ def measure(fn, batches, samples, repeats):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer batches and repeats")
-    ap.add_argument("--json", help="output JSON path (default bench/results/kernels.json)")
+    ap.add_argument("--json", help="output JSON path (default bench/results/kernels/models[-quick].json)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     n, repeats = (8, 3) if args.quick else (24, 7)
@@ -220,7 +220,9 @@ def main(argv=None):
         f"Ebb ≥ 0.9× bare torch on every model: {verdict['all_models_ge_0.9x_bare']}"
     )
     write_json(
-        "kernels", {"batch_size": B, "repeats": repeats, "batches": n, "rows": rows, "verdict": verdict}, args.json
+        result_path("kernels", "models-quick" if args.quick else "models"),
+        {"batch_size": B, "repeats": repeats, "batches": n, "rows": rows, "verdict": verdict},
+        args.json,
     )
 
 

@@ -51,7 +51,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table, write_json  # noqa: E402
+from _common import print_table, provenance, result_path, write_json  # noqa: E402
 
 from ebb.data.format import MANIFEST_KEY, Manifest, SplitInfo  # noqa: E402
 from ebb.data.prepare import FORMAT_KINDS, iter_parts, prepare_dataset, take_rows  # noqa: E402
@@ -511,7 +511,8 @@ def main(argv=None):
         "--candidate-model", default="pmf", choices=["pmf", "sparse_lr"], help="which model the candidates are for"
     )
     ap.add_argument("--runs", type=Path, help=f"where the jobs' folders go (default {RUNS}): one per concurrent bench")
-    ap.add_argument("--json", help="output JSON (default bench/results/quality[-quick].json)")
+    ap.add_argument("--json", help="output JSON (default bench/results/quality/quick.json or full.json; "
+                    "with --merge: merged.json)")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="only merge these results files into --json")
     args = ap.parse_args(argv)
     if args.merge:
@@ -559,13 +560,12 @@ def main(argv=None):
     print()
     print_table(rows, TABLE)
     write_json(
-        "quality-quick" if args.quick else "quality",
+        result_path("quality", "quick" if args.quick else "full"),
         {
             "defaults": MODEL_DEFAULTS,
             "val_fraction": VAL_FRACTION,
             "test_fraction": TEST_FRACTION,
             "candidates": candidates,
-            "argv": sys.argv[1:] if argv is None else list(argv),
             "rows": rows,
             "details": details,
             "datasets": {
@@ -594,13 +594,16 @@ TABLE = [
 def merge(paths: list[str], out: str | None) -> None:
     """One results file from runs split over processes (e.g. one per dataset, side by side)."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
-    merged = {k: v for k, v in parts[0].items() if k != "machine"}
+    own = set(provenance())  # each part's provenance stays with the part: its command and commit below
+    merged = {k: v for k, v in parts[0].items() if k not in own}
     for key in ("rows", "details"):
         merged[key] = [x for p in parts for x in p[key]]
     merged["datasets"] = {n: d for p in parts for n, d in p["datasets"].items()}
     merged["merged_from"] = paths
+    merged["command"] = [*(p.get("command") for p in parts), provenance()["command"]]
+    merged["part_commits"] = [p.get("commit") for p in parts]
     print_table(merged["rows"], TABLE)
-    write_json("quality", merged, out)
+    write_json(result_path("quality", "merged"), merged, out)
 
 
 def _row(data: dict, workers: int | None, arm: str, r: dict, reference: dict | None) -> dict:

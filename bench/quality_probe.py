@@ -1,6 +1,6 @@
-"""Why were 4 workers worse than one? The probes behind sync.combine (docs/RESULTS.md,
-"Model quality"): one job each on a dataset's validation view (bench/quality.py's data
-and views), printing the validation curve and its best point.
+"""Why were 4 workers worse than one? The probes behind sync.combine (docs/ARCHITECTURE.md,
+"Validation and early stopping"): one job each on a dataset's validation view
+(bench/quality.py's data and views), printing the validation curve and its best point.
 
 Each probe names the one thing it changes from the 4-worker default of the time, when
 every model combined a step's updates by the row mean and scored once an epoch:
@@ -9,7 +9,8 @@ every model combined a step's updates by the row mean and scored once an epoch:
     python bench/quality_probe.py c4-mean c4-bsp       # some of them
     python bench/quality_probe.py --list
 
-Results append to bench/results/quality-probes.jsonl (one JSON object a probe).
+Results append to bench/results/quality_probe/probes.jsonl (one JSON object a probe, with the
+command, commit, machine and load it ran with).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quality  # noqa: E402
+from _common import RESULTS, provenance  # noqa: E402
 
 from ebb.engine.worker import default_eval_every  # noqa: E402
 from ebb.spec import parse_spec  # noqa: E402
@@ -97,7 +99,7 @@ def main(argv=None):
     ap.add_argument("probes", nargs="*", help="names (default: all)")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--runs", type=Path, default=quality.DATA / "probes")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "quality-probes.jsonl")
+    ap.add_argument("--out", type=Path, default=RESULTS / "quality_probe" / "probes.jsonl")
     args = ap.parse_args(argv)
     if args.list:
         for name, probe in PROBES.items():
@@ -106,8 +108,9 @@ def main(argv=None):
     for name in args.probes or list(PROBES):
         result = run(name, PROBES[name], args.runs)
         print(json.dumps({k: v for k, v in result.items() if k != "curve"}), flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("a") as f:
-            f.write(json.dumps(result) + "\n")
+            f.write(json.dumps({**provenance(), **result}) + "\n")
 
 
 if __name__ == "__main__":

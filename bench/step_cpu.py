@@ -16,7 +16,7 @@ lambda_src | tar -x -C /tmp/before``) each run is a subprocess, and the same rep
 under that tree's engine and this one's, interleaved (bsp before, bsp after, isp before,
 isp after, per repeat), so both codes see the same machine:
 
-    python bench/step_cpu.py --before /tmp/before/lambda_src --json bench/results/step_cpu-kern2.json
+    python bench/step_cpu.py --before /tmp/before/lambda_src    # bench/results/step_cpu/ml10m-P8-vs-before.json
 
 With ``--native-vs-numpy`` the two codes are this engine with its compiled kernels
 (``python -m ebb.native`` builds them) and without them (``EBB_NATIVE=0``).
@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table, write_json  # noqa: E402
+from _common import print_table, result_path, write_json  # noqa: E402
 from sync import dataset  # noqa: E402
 
 from ebb.engine.aggregate import RowMean  # noqa: E402
@@ -110,7 +110,8 @@ def main(argv=None):
     ap.add_argument("--isp-v", type=float, default=0.7)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--label", default="", help="a tag stored with the results (e.g. before/after)")
-    ap.add_argument("--json", help="output JSON (default bench/results/step_cpu[-quick].json)")
+    ap.add_argument("--json", help="output JSON (default bench/results/step_cpu/<shape>-P<workers>"
+                                   "[-native-vs-numpy|-vs-before].json)")
     ap.add_argument("--before", metavar="DIR", help="also replay the engine of this lambda_src tree, interleaved")
     ap.add_argument("--native-vs-numpy", action="store_true",
                     help="replay this engine with its compiled kernels and without (EBB_NATIVE=0), interleaved")
@@ -152,7 +153,8 @@ def main(argv=None):
         ratios[code or "isp_over_bsp"] = isp["total_ms"] / bsp["total_ms"]
         print(f"\n{code + ': ' if code else ''}ISP/BSP CPU per worker-step at {args.workers} workers: "
               f"{ratios[code or 'isp_over_bsp']:.3f}× (target ≤ 1.15)")
-    write_json("step_cpu-quick" if args.quick else "step_cpu",
+    versus = "-native-vs-numpy" if args.native_vs_numpy else "-vs-before" if args.before else ""
+    write_json(result_path("step_cpu", f"{shape}-P{args.workers}{versus}"),
                {"shape": shape, "workers": args.workers, "steps": steps, "repeats": args.repeats,
                 "isp_v": args.isp_v, "label": args.label, "before": args.before, "rows": rows,
                 **({"isp_over_bsp": ratios} if len(trees) > 1 else ratios)}, args.json)

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, print_table, write_json  # noqa: E402
+from _common import print_table, result_path, write_json  # noqa: E402
 
 from ebb.data.prepare import prepare_dataset  # noqa: E402
 from ebb.data.synth import synth_ratings  # noqa: E402
@@ -236,7 +236,8 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=None, help="hyper.lr of every Ebb run (default: the optimiser's)")
     ap.add_argument("--set", action="append", metavar="FIELD=VALUE",
                     help="a job-spec field for every Ebb run, e.g. --set sync.sum_cap=4 (repeatable; YAML values)")
-    ap.add_argument("--json", help="output JSON (default bench/results/sync[-quick].json)")
+    ap.add_argument("--json", help="output JSON (default bench/results/sync/<clock>-<shape>-P<workers>[-<syncs>].json; "
+                    "--plot: a PNG beside it)")
     ap.add_argument("--link-mb-s", type=float, default=75.0,
                     help="for the modelled times: network throughput of one worker, MB/s (default 75, about "
                          "what one Lambda function moves to ElastiCache; an assumption, not a measurement)")
@@ -343,7 +344,7 @@ def main(argv=None):
     for line in verdict["lines"]:
         print(line)
     write_json(
-        "sync-quick" if args.quick else "sync",
+        default_path(args, shape),
         {
             "shape": shape,
             "data_meta": meta,
@@ -356,9 +357,8 @@ def main(argv=None):
     )
 
 
-# Sparse LR on the Criteo-shaped set (1M rows): a test log-loss 8 workers reach in ≈ 5 epochs (fleet-clock
-# runs of 2026-11-24); ISP at the engine's default threshold for it, tuned on this set (docs/RESULTS.md,
-# "Results on the fleet clock").
+# Sparse LR on the Criteo-shaped set (1M rows): a test log-loss 8 workers reach in ≈ 5 epochs on the fleet
+# clock; ISP at the engine's default threshold for it, tuned on this set (docs/RESULTS.md, "Sync models").
 LR_TARGET = 0.52
 LR_ISP_V = SIGNIFICANCE_DEFAULTS["sparse_lr"]
 
@@ -393,11 +393,18 @@ def ddp_fleet(row: dict, args) -> dict:
             "curve": [(spec.clock.cold_start_s + c["step"] * per_step, c["test_metric"]) for c in row["curve"]]}
 
 
+def default_path(args, shape: str) -> Path:
+    """bench/results/sync/<clock>-<shape>-P<workers>[-<syncs>].json: the syncs named when not the default set."""
+    workers = "-".join(sorted(args.workers.split(","), key=int))
+    syncs = "" if args.sync == "bsp,ssp,isp" else "-" + args.sync.replace(",", "-")
+    return result_path("sync", f"{args.clock}-{shape}-P{workers}{syncs}")
+
+
 def partial(rows: list[dict], args, shape: str) -> None:
     """The rows so far, in the invocation's JSON, so that a long invocation cut short keeps its runs."""
     if args.clock == "fleet":
-        write_json(f"fleet-sync-{shape}", {"partial": True, "shape": shape, "model": args.model,
-                                           "target": args.target, "rows": rows}, args.json)
+        write_json(default_path(args, shape), {"partial": True, "shape": shape, "model": args.model,
+                                               "target": args.target, "rows": rows}, args.json)
 
 
 def fleet_summary(rows: list[dict], args, shape: str, meta: dict) -> None:
@@ -412,13 +419,14 @@ def fleet_summary(rows: list[dict], args, shape: str, meta: dict) -> None:
         verdicts_by_p[workers] = fleet_verdicts(rows, workers)
         for line in verdicts_by_p[workers]["lines"]:
             print(line)
-    name = f"fleet-sync-{shape}"
     if args.plot:
-        png = Path(args.json).with_suffix(".png") if args.json else RESULTS / f"{name}.png"
-        plot_curves(rows, png, METRIC[args.model], args.target)
-    write_json(name, {"shape": shape, "model": args.model, "data_meta": meta, "target": args.target,
-                      "clock": fleet_spec(args).clock.model_dump(), "settings": vars(args), "rows": rows,
-                      "verdicts": verdicts_by_p}, args.json)
+        plot_curves(rows, Path(args.json or default_path(args, shape)).with_suffix(".png"), METRIC[args.model],
+                    args.target)
+    write_json(default_path(args, shape),
+               {"shape": shape, "model": args.model, "data_meta": meta, "target": args.target,
+                "clock": fleet_spec(args).clock.model_dump(), "settings": vars(args), "rows": rows,
+                "verdicts": verdicts_by_p},
+               args.json)
 
 
 def fleet_verdicts(rows: list[dict], workers: int) -> dict:
