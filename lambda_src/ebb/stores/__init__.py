@@ -1,7 +1,7 @@
 """Storage back ends behind the engine's interfaces: local ones here, AWS ones beside them.
 
 A *location* is a folder path or an ``s3://bucket/prefix`` URL; :func:`open_object_store`
-turns one into an :class:`~ebb.stores.base.ObjectStore`. boto3 is imported only when an
+turns one into an :class:`~ebb.ports.objects.ObjectStore`. boto3 is imported only when an
 S3 location is opened, so local runs never pay for it.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from ebb.stores.base import ObjectStore
+from ebb.ports.objects import ObjectStore
 from ebb.stores.local import FolderObjectStore
 
 S3_SCHEME = "s3://"
