@@ -298,7 +298,8 @@ def cmd_prepare(args) -> int:
     from pydantic import ValidationError
 
     from ebb.flags import given, option_of
-    from ebb.stores import is_s3, open_object_store, parse_s3_url
+    from ebb.ports.objects import is_s3
+    from ebb.stores import open_object_store, parse_s3_url
 
     def fail(message: str, code: int = 2) -> int:
         print(f"ebb prepare: {message}", file=sys.stderr)

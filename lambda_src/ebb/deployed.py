@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 from ebb.ports.keys import MANIFEST_KEY, PROGRESS_KEY, REPORT_KEY
 from ebb.spec import JobSpec
-from ebb.stores import is_s3, open_object_store
+from ebb.ports.objects import is_s3
+from ebb.stores import open_object_store
 
 OUTPUTS = ("StateMachineArn", "DataBucketName")
 DONE = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}

@@ -581,7 +581,8 @@ def prepare_from_spec(prep, store: ObjectStore, progress: Progress | None = None
     """
     from contextlib import ExitStack
 
-    from ebb.stores import is_s3, local_copy
+    from ebb.ports.objects import is_s3
+    from ebb.stores import local_copy
 
     with ExitStack() as fetched:
         local: dict[str, str] = {}

@@ -16,9 +16,8 @@ from ebb.data.format import checksum
 from ebb.engine.errors import EngineError
 from ebb.ports.keys import MANIFEST_KEY, OUTPUT_KEYS, REPORT_KEY
 from ebb.ports.manifest import SPLITS, Manifest, ManifestError, SplitInfo, load_manifest
-from ebb.ports.objects import ObjectStore
+from ebb.ports.objects import ObjectStore, is_s3
 from ebb.spec import JobSpec
-from ebb.stores import is_s3
 
 
 class PreflightError(EngineError):

@@ -1,9 +1,19 @@
-"""The object store: datasets, checkpoints, models and reports (a folder, or S3)."""
+"""The object store: datasets, checkpoints, models and reports (a folder, or S3).
+
+A *location* is a folder path or an ``s3://bucket/prefix`` URL; ``ebb.stores`` opens one.
+"""
 
 from __future__ import annotations
 
 import os
 from typing import Protocol
+
+S3_SCHEME = "s3://"
+
+
+def is_s3(location: str | os.PathLike[str]) -> bool:
+    """Whether ``location`` is an ``s3://`` URL (rather than a local path)."""
+    return isinstance(location, str) and location.startswith(S3_SCHEME)
 
 
 def check_key(key: str) -> str:
