@@ -60,8 +60,9 @@ class RowMean:
             counts = self.counts[name] if divide else None
             touched = [] if counts is None else [
                 t for c in contributions if (t := c.touched_rows(name)) is not None and t.numel()]
-            for rows in touched:
-                counts.index_add_(0, rows, self._ones[: rows.numel()])
+            if counts is not None:
+                for rows in touched:
+                    counts.index_add_(0, rows, self._ones[: rows.numel()])
             for c in contributions:
                 entry = c.rows.get(name)
                 if entry is not None and entry[0].numel():
@@ -75,11 +76,12 @@ class RowMean:
                     if counts is not None:
                         vals = vals / self._divisor(counts, rows)
                     param.view(-1).index_add_(0, flat, vals, alpha=scale)
-            for rows in touched:
-                counts.index_fill_(0, rows, 0.0)
+            if counts is not None:
+                for rows in touched:
+                    counts.index_fill_(0, rows, 0.0)
 
     def _divisor(self, counts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         divisor = counts.index_select(0, rows)
-        if self.per != 1.0:
+        if self.per is not None and self.per != 1.0:
             divisor.div_(self.per)
         return divisor.clamp_(min=1)

@@ -23,7 +23,7 @@ in a ``meta`` byte array.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ebb.engine.errors import CheckpointError
 from ebb.engine.state import SupervisorState
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 
-def write_worker(store: ObjectStore, key: str, meta: dict, arrays: dict[str, np.ndarray]) -> int:
+def write_worker(store: ObjectStore, key: str, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> int:
     """Write a worker's state; returns its size in bytes."""
     import numpy as np  # here, not above: the light Lambda functions read only the JSON files
 
@@ -45,7 +45,7 @@ def write_worker(store: ObjectStore, key: str, meta: dict, arrays: dict[str, np.
     return len(blob)
 
 
-def read_worker(store: ObjectStore, key: str) -> tuple[dict, dict[str, np.ndarray]]:
+def read_worker(store: ObjectStore, key: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     from ebb.data.format import decode_batch
 
     try:
@@ -68,7 +68,7 @@ def read_supervisor(store: ObjectStore, round_: int) -> SupervisorState:
     return SupervisorState.model_validate_json(raw)
 
 
-def latest(store: ObjectStore) -> dict | None:
+def latest(store: ObjectStore) -> dict[str, Any] | None:
     """The last complete round (``{"round", "finished", "workers"}``), or None before the first."""
     try:
         return json.loads(store.get(LATEST_KEY))

@@ -163,7 +163,7 @@ class FleetTimeline:
         self.time = cleared
         return cleared
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, float]:
         """What survives rounds: the fleet time and the billed worker-seconds (a round's
         workers start again, cold, so their virtual times are not carried)."""
         return {"time": self.time, "worker_seconds": self.worker_seconds}

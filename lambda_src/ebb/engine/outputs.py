@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ebb.data.format import encode_batch
 from ebb.ports.keys import MODEL_KEY, PLOT_KEY, REPORT_KEY
 from ebb.ports.objects import ObjectStore
 
@@ -19,9 +20,7 @@ def write_outputs(out: ObjectStore, report: dict[str, Any], replica: dict[str, n
     the keys written. The report goes last: a reader that finds it finds the rest."""
     files = {}
     if replica is not None:
-        buf = io.BytesIO()
-        np.savez(buf, **replica)
-        out.put(MODEL_KEY, buf.getvalue())
+        out.put(MODEL_KEY, encode_batch(replica))
         files["model"] = MODEL_KEY
     if report.get("history"):
         out.put(PLOT_KEY, plot_loss(report))

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from ebb.autotune.policies import ScalingPolicy
 from ebb.catalogue import entry
 from ebb.engine import accounting, checkpoint, failures, finalize, scaling, stopping
 from ebb.engine.cadence import eval_interval
@@ -57,7 +58,7 @@ class Supervisor:
 
     def __init__(self, spec: JobSpec, *, data: ObjectStore, checkpoints: ObjectStore, updates: UpdateStore,
                  signals: SignalChannel, launcher: WorkerLauncher, round_: int, sink: MetricsSink | None = None,
-                 policy: scaling.ScalingPolicy | None = None, round_seconds: float | None = None,
+                 policy: ScalingPolicy | None = None, round_seconds: float | None = None,
                  restarts: list[dict[str, Any]] | None = None,
                  measure_of: Callable[[StepReport], WorkerStep] | None = None,
                  interrupted: Callable[[], BaseException | None] | None = None):

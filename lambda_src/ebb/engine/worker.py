@@ -32,7 +32,7 @@ from ebb.engine import checkpoint
 from ebb.engine.aggregate import RowMean
 from ebb.engine.cadence import eval_interval, learning_rate
 from ebb.engine.clock import wall
-from ebb.engine.errors import EngineError
+from ebb.engine.errors import CheckpointError, EngineError
 from ebb.engine.isp import SignificanceFilter
 from ebb.engine.parts import PartCache
 from ebb.engine.replica import copy_replica, load_state_arrays, state_arrays
@@ -83,12 +83,11 @@ class Worker:
         self.sequence = PartSequence(len(self.manifest.train.parts), spec.seed)
         self.mode = spec.effective_sync_mode
         self.slack = spec.sync.slack if self.mode == "ssp" else 0
-        self.filter = (
-            SignificanceFilter(self.model.params, spec.sync.significance, spec.sync.quantize)
-            if self.mode == "isp"
-            else None
-        )
-        self.row_mean = RowMean(self.model.params, spec.sync.combine, spec.sync.sum_cap)
+        significance, combine = spec.sync.significance, spec.sync.combine
+        assert significance is not None and combine is not None  # the spec fills them from the model catalogue
+        self.filter = (SignificanceFilter(self.model.params, significance, spec.sync.quantize) if self.mode == "isp"
+                       else None)
+        self.row_mean = RowMean(self.model.params, combine, spec.sync.sum_cap)
         self.members, self.step, self.cursor = sorted(start.members), start.step, start.cursor
         self.base_lr = self.model.optimizer.lr
         if start.resume:
@@ -118,12 +117,12 @@ class Worker:
     def _restore(self, key: str) -> None:
         meta, arrays = checkpoint.read_worker(self.checkpoints, key)
         if meta["worker"] != self.me or meta["job"] != self.spec.name or meta["model"] != self.spec.model:
-            raise checkpoint.CheckpointError(
+            raise CheckpointError(
                 f"checkpoint {key} belongs to worker {meta['worker']} of job {meta['job']} ({meta['model']}), "
                 f"not to worker {self.me} of job {self.spec.name} ({self.spec.model})"
             )
         if meta["mode"] != self.mode:
-            raise checkpoint.CheckpointError(
+            raise CheckpointError(
                 f"worker {self.me}'s checkpoint was written under sync mode {meta['mode']} but the job now runs "
                 f"{self.mode}; resume with the spec the job started with"
             )
@@ -226,12 +225,13 @@ class Worker:
 
     def _run(self) -> str:
         while True:
-            training = self.round_end is None or self.step <= self.round_end
-            if training:
+            end = self.round_end
+            training = end is None or self.step <= end
+            if end is None or self.step <= end:
                 self._compute_and_publish()
                 self._wait_for_clock(self.step - self.slack)
             else:  # the round's last step is trained: wait until everyone's is applied
-                self._wait_for_clock(self.round_end)
+                self._wait_for_clock(end)
             outcome = self._apply_cleared(advance=training)
             if outcome:
                 return outcome
