@@ -1,5 +1,6 @@
-"""Rounds (DESIGN §6): a job cut into rounds — fresh workers and a fresh supervisor each
-time, resumed from checkpoints — ends where an uninterrupted one does."""
+"""Rounds (docs/ARCHITECTURE.md, "Rounds and checkpoints"): a job cut into rounds — fresh
+workers and a fresh supervisor each time, resumed from checkpoints — ends where an
+uninterrupted one does."""
 
 from __future__ import annotations
 

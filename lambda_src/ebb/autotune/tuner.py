@@ -30,8 +30,8 @@ throughput after it, in minibatches per second ``(p − 1)/d_{p−1}``, to stay 
 the step durations measured at each fleet size so far (a straight line in p: a worker
 reads every peer's updates). s_Δ compares fitted curves extrapolated past the knee, and
 on a fleet where every worker owns its CPU a sparse model's progress follows the
-minibatches it processes: there s_Δ stayed below S down to ``min_workers`` while the
-time to target grew by a third (docs/RESULTS.md, "The auto-tuner on the fleet clock").
+minibatches it processes: there s_Δ can stay below S down to ``min_workers`` while the
+time to target grows (docs/RESULTS.md has the runs).
 The guard keeps the evictions that cost (almost) no throughput — the workers a fleet has
 beyond the point where its step time grows as fast as its size — and refuses the rest.
 """

@@ -288,8 +288,8 @@ class Profile:
     takes at ``workers``. ``work``: "epochs" if the job processes a fixed amount of data
     (the per-worker batch is fixed, so steps scale as 1/workers), "steps" if the step
     count is fixed. ``startup_s``: per-round start-up (cold start, loading state).
-    ``round_s``: length of one Lambda round (DESIGN §6). ``requests_per_worker_step``:
-    metered request counts per worker per step (keys of ``Usage``: sns_chunks,
+    ``round_s``: length of one Lambda round (docs/ARCHITECTURE.md, "Rounds and checkpoints").
+    ``requests_per_worker_step``: metered request counts per worker per step (keys of ``Usage``: sns_chunks,
     sqs_chunks, s3_get, s3_put, s3_list, cache_ecpu). ``transitions_per_worker_round``:
     Step Functions transitions per worker per round (Map iterations and their states).
     """

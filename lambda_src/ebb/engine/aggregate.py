@@ -16,12 +16,12 @@ in a step where nobody touched it) is divided by 1.
 workers' proposals land as if taken one after another. It suits an optimiser whose
 proposal is a normalised step (Adam: about lr per entry whatever the gradient), where
 the mean of P proposals is one worker's step on the rows every worker touches but a
-full step on a row only one touched (see ``ebb.spec.COMBINE_DEFAULTS``). The sum is
-capped (``sum_cap``, ``sync.sum_cap``): a row more than ``sum_cap`` workers touched in a
-step moves by ``sum_cap`` times their mean. A feature every worker of a 24-worker fleet
-sees would otherwise take 24 Adam steps at once, and sparse LR at the default lr swung
-without converging; at or below ``sum_cap`` workers nothing changes. The default, and
-why, is ``ebb.spec.DEFAULT_SUM_CAP``.
+full step on a row only one touched (each model's choice is in ``ebb.catalogue``). The
+sum is capped (``sum_cap``, ``sync.sum_cap``): a row more than ``sum_cap`` workers touched
+in a step moves by ``sum_cap`` times their mean, since a feature every worker of a large
+fleet sees would otherwise take P Adam steps at once and not converge; at or below
+``sum_cap`` workers nothing changes (docs/ARCHITECTURE.md, "Validation and early
+stopping"; docs/RESULTS.md has the runs behind the default).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ISP significance filter (MLLess §4.1, DESIGN §3).
+"""The ISP significance filter (MLLess §4.1; docs/ARCHITECTURE.md, "Synchronisation").
 
 Each worker keeps, per parameter, an accumulator δ of the local updates it has not sent.
 After a local step δ += u; parameter i is *significant* when ``|δ_i / x_i| > v_t`` with
