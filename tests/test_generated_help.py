@@ -6,15 +6,13 @@ from __future__ import annotations
 import inspect
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from ebb.catalogue import CATALOGUE
-from ebb.cli import build_parser
+from ebb.cli import build_parser, main
 from ebb.flags import JOB_FLAGS, LOCAL_FLAGS, defaults_shown, field_info
 from ebb.spec import AwsSpec, ClockSpec, JobSpec, PrepareSpec, ScalingSpec, SpecError, field_default, load_spec
 
@@ -128,7 +126,7 @@ def test_set_reaches_any_field_with_a_yaml_value_and_names_the_field_on_error(tm
         load_spec(overrides={"data": "d"}, assignments=["workers.x=1"])
 
 
-def test_the_cli_takes_set_and_the_common_fields(tmp_path):
+def test_the_cli_takes_set_and_the_common_fields(tmp_path, capsys):
     from ebb.flags import given
 
     args = build_parser().parse_args(["train", "--data", "d", "--l2", "0.05", "--lr-decay", "0.9", "--momentum", "0.5",
@@ -136,9 +134,10 @@ def test_the_cli_takes_set_and_the_common_fields(tmp_path):
     spec = load_spec(overrides=given(args, JOB_FLAGS + LOCAL_FLAGS), assignments=args.assignments)
     assert (spec.hyper.l2, spec.hyper.lr_decay, spec.hyper.momentum) == (0.05, 0.9, 0.5)
     assert (spec.stop.patience_evals, spec.stop.target_val, spec.stop.min_delta) == (8, 0.85, 0.01)
-    r = subprocess.run([sys.executable, "-m", "ebb.cli", "train", "--data", str(tmp_path), "--target-test", "0.8"],
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and r.stderr.strip().endswith("--target-test was renamed to --target-val")
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--data", str(tmp_path), "--target-test", "0.8"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("--target-test was renamed to --target-val")
 
 
 def test_a_job_file_with_target_test_is_told_it_was_renamed(tmp_path):
