@@ -52,7 +52,8 @@ def logistic_dataset(rows: int, seed: int = 0, shape: str = "planted") -> tuple[
     if not (prepared / "manifest.json").exists():
         root.mkdir(parents=True, exist_ok=True)
         synth_logistic(raw, rows=rows, seed=seed, **dims)
-        prepare_dataset("libsvm", raw, FolderObjectStore(prepared), batch_size=6250, test_fraction=0.1, seed=seed)
+        prepare_dataset("libsvm", raw, FolderObjectStore(prepared), batch_size=6250, test_fraction=0.1,
+                        val_fraction=0.0, seed=seed)
     return str(prepared), json.loads(Path(f"{raw}.meta.json").read_text())
 
 
@@ -72,7 +73,7 @@ def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict
            if args.throughput_tolerance is not None else {}),
         **({"scaling.scale_lr": args.scale_lr == "on"} if args.scale_lr else {}),
         "scaling.knee_tolerance": args.knee_tolerance or KNEE_TOLERANCE[model],
-        "stop.target_test": target, "stop.eval_every": args.eval_every, "stop.max_seconds": args.max_seconds,
+        "stop.target_val": target, "stop.eval_every": args.eval_every, "stop.max_seconds": args.max_seconds,
         "stop.max_epochs": args.max_epochs,
         "out": fresh_out(DATA / "runs" / f"autotune-{model}-{policy}-{args.clock}-{args.workers}"
                                         f"{'-' + Path(args.json).stem if args.json else ''}"),
@@ -80,7 +81,7 @@ def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict
     print(f"-- {model}, {args.workers} workers, tuner {'on' if policy == 'autotune' else 'off'} ({args.clock} clock)",
           flush=True)
     report, _ = run_local(spec)  # the report prices the run (spec.aws)
-    hit = report["time_to_target_test"]
+    hit = report["time_to_target_val"]
     metric = "rmse" if model == "pmf" else "logloss"
     cost = report["cost"]["total_usd"]
     time_to_target = hit["seconds_excluding_eval"] if hit else None
@@ -163,7 +164,7 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--min-workers", type=int, default=2)
     ap.add_argument("--significance", type=float, default=None,
-                    help="ISP's v (default: the model's, ebb.spec.SIGNIFICANCE_DEFAULTS)")
+                    help="ISP's v (default: the model's, in ebb.catalogue)")
     # MLLess decides every 20 s on jobs of 5-10 minutes; these jobs last 30-60 s.
     ap.add_argument("--interval", type=float, default=2.0, help="T, seconds (MLLess: 20 on jobs of minutes)")
     ap.add_argument("--horizon", type=float, default=1.0, help="Δ ≤ T, seconds")

@@ -2,7 +2,7 @@
 
 A PMF worker at the ML-10M shape (69,878 users x 10,677 items, rank 20, biases folded in,
 SGD + Nesterov momentum, ISP accumulators) writes and reads back its checkpoint exactly
-as the engine does (``ebb.engine.worker.state_arrays`` + ``checkpoint.write_worker``),
+as the engine does (``ebb.engine.replica.state_arrays`` + ``checkpoint.write_worker``),
 to a local folder and to S3 on a local moto_server; the supervisor's state is sized for
 a job of ``--steps`` steps. Local and moto times measure serialisation and this disk,
 not S3 from Lambda: the table adds a modelled S3 time at ``--link-mb-s`` (an assumption,
@@ -14,7 +14,6 @@ see docs/ARCHITECTURE.md) and what one round adds to the bill for P workers.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -29,8 +28,9 @@ from _common import print_table, result_path, write_json  # noqa: E402
 from ebb.cost.model import Usage, estimate_cost, load_prices  # noqa: E402
 from ebb.engine import checkpoint  # noqa: E402
 from ebb.engine.isp import SignificanceFilter  # noqa: E402
-from ebb.engine.supervisor import new_state  # noqa: E402
-from ebb.engine.worker import load_state_arrays, state_arrays  # noqa: E402
+from ebb.engine.replica import load_state_arrays, state_arrays  # noqa: E402
+from ebb.engine.state import SupervisorState  # noqa: E402
+from ebb.ports.keys import worker_key  # noqa: E402
 from ebb.models.pmf import PMF  # noqa: E402
 from ebb.spec import load_spec  # noqa: E402
 from ebb.stores import open_object_store  # noqa: E402
@@ -51,7 +51,7 @@ def worker_state(seed: int = 0):
 def time_store(store, model, isp, repeat: int) -> dict:
     meta = {"worker": 0, "job": "bench", "model": "pmf", "mode": "isp", "round": 0, "step": 1, "cursor": 8,
             "members": list(range(8)), "applied_upto": 0, "outcome": "unfinished"}
-    key = checkpoint.worker_key(0, 0)
+    key = worker_key(0, 0)
     writes, reads, size = [], [], 0
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -66,13 +66,13 @@ def time_store(store, model, isp, repeat: int) -> dict:
 
 def supervisor_state_bytes(steps: int, workers: int) -> int:
     spec = load_spec(overrides={"model": "pmf", "data": "unused", "workers": workers})
-    state = new_state(spec)
-    state["history"] = [{"step": k, "time": k * 0.05, "loss": 0.8, "epoch": k / 1440, "workers": workers, "round": 0,
+    state = SupervisorState.initial(spec)
+    state.history = [{"step": k, "time": k * 0.05, "loss": 0.8, "epoch": k / 1440, "workers": workers, "round": 0,
                          "bytes_sent": 1_000_000, "bytes_received": 7_000_000, "sent_fraction": 0.2,
                          "cost_usd": 0.01} for k in range(steps)]
-    state["sync_samples"] = [0.001234] * (steps * workers)
-    state["sync_first"] = [0.000987] * steps
-    return len(json.dumps(state, separators=(",", ":")))
+    state.overheads.sync_samples = [0.001234] * (steps * workers)
+    state.overheads.sync_first = [0.000987] * steps
+    return len(state.model_dump_json())
 
 
 def round_cost(workers: int, checkpoint_s: float, memory_mb: int = 1769) -> float:

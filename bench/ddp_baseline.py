@@ -64,8 +64,8 @@ import torch.nn.functional as F
 from _common import result_path, write_json
 from ebb.data.format import checksum, decode_batch
 from ebb.engine.striping import PartSequence
-from ebb.engine.worker import load_manifest
-from ebb.spec import MODEL_DEFAULTS
+from ebb.ports.manifest import load_manifest
+from ebb.catalogue import CATALOGUE
 from ebb.stores.local import FolderObjectStore
 from torch import nn
 
@@ -450,8 +450,8 @@ def run_ddp(
         "max_seconds": max_seconds,
         "max_epochs": max_epochs,
         "eval_every": eval_every,
-        "l2": l2 if l2 is not None else MODEL_DEFAULTS[model]["l2"],
-        "init_std": init_std if init_std is not None else MODEL_DEFAULTS["pmf"]["init_std"],
+        "l2": l2 if l2 is not None else CATALOGUE[model].hyper["l2"],
+        "init_std": init_std if init_std is not None else CATALOGUE["pmf"].hyper["init_std"],
         "stop_at_target": stop_at_target,
     }
     ctx = mp.get_context("spawn")  # fork after torch has started threads is unsafe
@@ -525,7 +525,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", choices=["pmf", "sparse_lr"], default="pmf")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--target", type=float, required=True, help="test RMSE (pmf) or test log-loss (sparse_lr)")
-    ap.add_argument("--rank", type=int, default=MODEL_DEFAULTS["pmf"]["rank"])
+    ap.add_argument("--rank", type=int, default=CATALOGUE["pmf"].hyper["rank"])
     ap.add_argument("--lr", type=float, default=None, help="override the tuned learning rate (all variants)")
     ap.add_argument(
         "--l2",

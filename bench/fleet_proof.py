@@ -526,13 +526,13 @@ def criteo_shaped(seed: int) -> str:
         root.mkdir(parents=True, exist_ok=True)
         synth_logistic(root / "data.svm", rows=200_000, features=100_000, nnz=39, zipf=1.0, seed=seed)
         prepare_dataset("libsvm", root / "data.svm", FolderObjectStore(prepared), batch_size=6250,
-                        test_fraction=0.1, seed=seed)
+                        test_fraction=0.1, val_fraction=0.0, seed=seed)
     return str(prepared)
 
 
 def epochs_for(data_dir: str, steps: int, workers: int) -> float:
     """``stop.max_epochs`` that ends a run after exactly ``steps`` steps of ``workers`` workers."""
-    from ebb.data.prepare import load_manifest
+    from ebb.ports.manifest import load_manifest
     from ebb.stores.local import FolderObjectStore
 
     return steps * workers / len(load_manifest(FolderObjectStore(data_dir)).train.parts)

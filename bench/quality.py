@@ -53,7 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_table, provenance, result_path, write_json  # noqa: E402
 
-from ebb.data.format import MANIFEST_KEY, Manifest, SplitInfo  # noqa: E402
+from ebb.ports.keys import MANIFEST_KEY  # noqa: E402
+from ebb.ports.manifest import Manifest, SplitInfo  # noqa: E402
 from ebb.data.prepare import FORMAT_KINDS, iter_parts, prepare_dataset, take_rows  # noqa: E402
 from ebb.data.synth import (  # noqa: E402
     bayes_logloss_on,
@@ -62,8 +63,9 @@ from ebb.data.synth import (  # noqa: E402
     synth_ratings,
     synth_shaped_ratings,
 )
-from ebb.engine.worker import default_eval_every  # noqa: E402
-from ebb.spec import COMBINE_DEFAULTS, MODEL_DEFAULTS, parse_spec  # noqa: E402
+from ebb.engine.cadence import one_worker_epoch  # noqa: E402
+from ebb.catalogue import CATALOGUE  # noqa: E402
+from ebb.spec import parse_spec  # noqa: E402
 from ebb.stores.local import FolderObjectStore  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "quality"
@@ -207,8 +209,8 @@ def ebb_run(data: dict, view: Path, workers: int, hyper: dict, max_epochs: float
         "stop": {"max_epochs": max_epochs, "max_seconds": 7200},
     }
     # The views hold no validation split, so the engine would not score by default: ask for
-    # its default cadence (one worker's epoch of progress; ebb.engine.worker.default_eval_every).
-    job["stop"]["eval_every"] = default_eval_every(parse_spec(job, "bench"), parts)
+    # its default cadence (one worker's epoch of progress; ebb.engine.cadence.one_worker_epoch).
+    job["stop"]["eval_every"] = one_worker_epoch(parse_spec(job, "bench"), parts)
     shutil.rmtree(out, ignore_errors=True)  # ebb train refuses an --out that holds a run
     out.mkdir(parents=True)
     job_file = out / "job.yaml"
@@ -541,7 +543,7 @@ def main(argv=None):
             reference = tune_torch(data, grid, args.torch_epochs or int(epochs))
         for workers in workers_list:
             tag = f"{name}/w{workers}"
-            cap = epochs * workers if args.scale_epochs and COMBINE_DEFAULTS[model] == "mean" else epochs
+            cap = epochs * workers if args.scale_epochs and CATALOGUE[model].combine == "mean" else epochs
             print(f"-- {name} × {workers} workers", flush=True)
             arms = {"default": scored(data, workers, {}, cap, f"{tag}/default")}
             for k, hyper in enumerate(candidates):
@@ -562,7 +564,7 @@ def main(argv=None):
     write_json(
         result_path("quality", "quick" if args.quick else "full"),
         {
-            "defaults": MODEL_DEFAULTS,
+            "defaults": {name: dict(row.hyper) for name, row in CATALOGUE.items()},
             "val_fraction": VAL_FRACTION,
             "test_fraction": TEST_FRACTION,
             "candidates": candidates,

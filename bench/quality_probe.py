@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quality  # noqa: E402
 from _common import RESULTS, provenance  # noqa: E402
 
-from ebb.engine.worker import default_eval_every  # noqa: E402
+from ebb.engine.cadence import one_worker_epoch  # noqa: E402
 from ebb.spec import parse_spec  # noqa: E402
 
 MEAN_PER_EPOCH = {"sync.combine": "mean", "eval": "epoch"}  # the old defaults
@@ -77,7 +77,7 @@ def run(name: str, probe: dict, runs: Path) -> dict:
     if "sync.combine" in probe:
         job["sync"]["combine"] = probe["sync.combine"]
     per_epoch = max(1, round(parts / probe["workers"]))
-    job["stop"]["eval_every"] = per_epoch if probe.get("eval") == "epoch" else default_eval_every(
+    job["stop"]["eval_every"] = per_epoch if probe.get("eval") == "epoch" else one_worker_epoch(
         parse_spec(job, "probe"), parts)
     (out / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lambda_src"), str(ROOT)])}

@@ -42,7 +42,8 @@ from sync import dataset  # noqa: E402
 from ebb.engine.aggregate import RowMean  # noqa: E402
 from ebb.engine.isp import SignificanceFilter  # noqa: E402
 from ebb.engine.striping import PartSequence  # noqa: E402
-from ebb.engine.worker import PartCache, load_manifest  # noqa: E402
+from ebb.engine.parts import PartCache  # noqa: E402
+from ebb.ports.manifest import load_manifest  # noqa: E402
 from ebb.models import build_model  # noqa: E402
 from ebb.sparse import RowUpdate  # noqa: E402
 from ebb.spec import load_spec  # noqa: E402

@@ -31,12 +31,14 @@ from stacks.storage import CHECKPOINTS_PREFIX, SCRATCH_PREFIX
 
 HANDLER = "ebb.aws.handlers.{name}.handler"
 # What the zip functions cannot import (it needs numpy, torch, scipy, redis or rich) or
-# never run (the CLI, the local runner); and the image's build files. The engine's
-# checkpoint layout stays: on_failure reads the last complete round's state (JSON).
+# never run (the CLI, the local runner); and the image's build files. The light floor
+# stays (ebb/ports, the spec and its model catalogue), and of the engine its checkpoint
+# layout and the supervisor's typed state: on_failure reads the last complete round's.
 ZIP_EXCLUDES = [
     "**/__pycache__", "**/*.pyc", "*.egg-info", "Dockerfile", ".dockerignore", "requirements-image.txt",
     "ebb/autotune", "ebb/data", "ebb/engine/*", "!ebb/engine/__init__.py", "!ebb/engine/checkpoint.py",
-    "ebb/local", "ebb/models", "ebb/sparse.py", "ebb/cli.py", "ebb/stores/redis_store.py",
+    "!ebb/engine/state.py", "!ebb/engine/errors.py",
+    "ebb/local", "ebb/models", "ebb/sparse.py", "ebb/cli.py", "ebb/flags.py", "ebb/stores/redis_store.py",
 ]
 # `scripts/build_layer.sh` records the platform it staged the layer for in this file.
 LAYER_STAMP = ".ebb-layer.json"

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ebb.engine.messages import Directive, StepReport
+from ebb.ports.messages import Directive, StepReport
 
 
 def make_report(w, t, sent, at, members=(0, 1, 2), **extra) -> StepReport:

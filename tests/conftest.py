@@ -53,7 +53,7 @@ def small_ratings(tmp_path_factory):
     root = tmp_path_factory.mktemp("ratings")
     meta = synth_ratings(root / "ratings.csv", users=300, items=200, ratings=24_000, rank=5, noise=0.3, seed=7)
     prepare_dataset("movielens", root / "ratings.csv", FolderObjectStore(root / "prepared"), batch_size=1000,
-                    test_fraction=0.1, seed=1)
+                    test_fraction=0.1, seed=1, val_fraction=0.0)
     return str(root / "prepared"), meta
 
 
@@ -62,7 +62,7 @@ def small_logistic(tmp_path_factory):
     root = tmp_path_factory.mktemp("logistic")
     meta = synth_logistic(root / "data.svm", rows=20_000, features=300, nnz=10, seed=3)
     prepare_dataset("libsvm", root / "data.svm", FolderObjectStore(root / "prepared"), batch_size=1000,
-                    test_fraction=0.2, seed=1)
+                    test_fraction=0.2, seed=1, val_fraction=0.0)
     return str(root / "prepared"), meta
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ebb.engine.messages import EndReport, StepReport
+from ebb.ports.messages import EndReport, StepReport
 from ebb.stores.memory import MemorySignalChannel
 
 

@@ -10,7 +10,8 @@ import torch
 
 from ebb.data.prepare import prepare_dataset
 from ebb.data.synth import synth_ratings
-from ebb.engine.worker import PartCache, load_manifest
+from ebb.engine.parts import PartCache
+from ebb.ports.manifest import load_manifest
 from ebb.local.runner import run_local
 from ebb.models import build_model
 from ebb.spec import load_spec

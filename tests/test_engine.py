@@ -11,10 +11,12 @@ import pytest
 import redis
 import torch
 
-from ebb.data.format import part_key
+from ebb.ports.keys import part_key
 from ebb.engine.isp import SignificanceFilter
 from ebb.engine.striping import PartSequence, position_of
-from ebb.engine.worker import PartCache, Worker, batch_nbytes, load_manifest
+from ebb.engine.parts import PartCache, batch_nbytes
+from ebb.engine.worker import Worker
+from ebb.ports.manifest import load_manifest
 from ebb.models import build_model
 from ebb.local.redis_server import RedisServer
 from ebb.local.runner import JobFailed, run_local
@@ -206,21 +208,22 @@ def test_a_crashing_worker_fails_the_job_and_leaves_nothing_running(small_rating
     assert leftover == []
 
 
-def test_target_test_stops_when_the_test_metric_is_reached(small_ratings, redis_url, tmp_path):
+def test_target_val_stops_when_the_held_out_metric_is_reached(small_ratings, redis_url, tmp_path):
     data_dir, _ = small_ratings
     spec = _spec(
         data_dir,
         tmp_path,
         workers=2,
         redis_urls=[redis_url],
-        **{"stop.max_epochs": 40, "stop.target_test": 0.9, "stop.eval_every": 5},
+        **{"stop.max_epochs": 40, "stop.target_val": 0.9, "stop.eval_every": 5},
     )
     report, _ = run_local(spec)
-    hit = report["time_to_target_test"]
-    assert report["status"] == "converged" and hit["rmse"] <= 0.9
+    hit = report["time_to_target_val"]
+    assert report["status"] == "converged" and hit["metric"] == "rmse" and hit["value"] <= 0.9
+    # The data has no validation split: the test split stands in (and says so in the history).
     scored = [h for h in report["history"] if "test" in h]
     assert [h["step"] % 5 for h in scored] == [4] * len(scored)
-    assert all(h["test"] > 0.9 for h in scored[:-1]) and scored[-1]["test"] == hit["rmse"]
+    assert all(h["test"] > 0.9 for h in scored[:-1]) and scored[-1]["test"] == hit["value"]
     assert hit["seconds_excluding_eval"] <= hit["time"]
     assert report["steps"] <= hit["step"] + 3  # stopped right after it was reported
 
@@ -315,14 +318,14 @@ def test_default_scoring_cadence_is_one_workers_epoch_of_progress():
     """With a validation split, scorings are an epoch at one worker's pace apart, so
     patience_evals means the same at any fleet: under the mean (PMF) a step moves a row
     about one worker's step, so num_parts steps; under the sum (sparse LR) an epoch."""
-    from ebb.engine.worker import default_eval_every
+    from ebb.engine.cadence import one_worker_epoch
     from ebb.spec import load_spec
 
     def spec(model, workers):
         return load_spec(overrides={"model": model, "data": "d", "workers": workers})
 
-    assert [default_eval_every(spec("pmf", p), 81) for p in (1, 4)] == [81, 81]
-    assert [default_eval_every(spec("sparse_lr", p), 81) for p in (1, 4)] == [81, 21]
+    assert [one_worker_epoch(spec("pmf", p), 81) for p in (1, 4)] == [81, 81]
+    assert [one_worker_epoch(spec("sparse_lr", p), 81) for p in (1, 4)] == [81, 21]
     assert spec("pmf", 4).sync.combine == "mean" and spec("sparse_lr", 4).sync.combine == "sum"
 
 

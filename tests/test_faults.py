@@ -221,7 +221,7 @@ def test_32_workers_for_200_steps(tmp_path):
     how long the supervisor spends on each step."""
     synth_ratings(tmp_path / "r.csv", users=400, items=300, ratings=12_000, rank=4, noise=0.3, seed=5)
     prepare_dataset("movielens", tmp_path / "r.csv", FolderObjectStore(tmp_path / "ds"), batch_size=100,
-                    test_fraction=0.1, seed=1)
+                    test_fraction=0.1, seed=1, val_fraction=0.0)
     parts = len(json.loads((tmp_path / "ds" / "manifest.json").read_text())["train"]["parts"])
     spec = _spec(str(tmp_path / "ds"), tmp_path / "out", workers=32, **{"hyper.rank": 4,
                                                                          "stop.max_epochs": 200 * 32 / parts})
@@ -318,7 +318,10 @@ def test_out_never_mixes_two_runs(small_ratings, tmp_path):
 
 def test_a_waiting_worker_leaves_when_given_up_on_and_fails_when_the_supervisor_goes_silent(small_ratings, tmp_path):
     from ebb.engine.clock import wall
-    from ebb.engine.worker import ABORT_BLOB, SUPERVISOR, EngineError, Lost, Worker, WorkerStart, lost_blob
+    from ebb.engine.errors import EngineError
+    from ebb.engine.worker import Lost, Worker
+    from ebb.ports.keys import ABORT_BLOB, SUPERVISOR_SLOT, lost_blob
+    from ebb.ports.launcher import WorkerStart
     from ebb.stores.memory import MemorySignalChannel, MemoryUpdateStore
 
     data_dir, _ = small_ratings
@@ -326,13 +329,13 @@ def test_a_waiting_worker_leaves_when_given_up_on_and_fails_when_the_supervisor_
     updates = MemoryUpdateStore()
     worker = Worker(spec, WorkerStart(worker=1, members=[0, 1, 2, 3]), data=FolderObjectStore(data_dir),
                     checkpoints=FolderObjectStore(tmp_path / "ckpt"), updates=updates, signals=MemorySignalChannel())
-    updates.heartbeat(SUPERVISOR, wall() - 2)
+    updates.heartbeat(SUPERVISOR_SLOT, wall() - 2)
     worker._check_still_wanted(need=7, waited=30)  # the supervisor beats: a slow step, not a dead one
-    updates.heartbeat(SUPERVISOR, wall() - 12)
+    updates.heartbeat(SUPERVISOR_SLOT, wall() - 12)
     with pytest.raises(EngineError, match=r"worker 1: the supervisor went silent \(nothing for 1[23] s\) while "
                                           r"this worker waited for step 7's directive"):
         worker._check_still_wanted(need=7, waited=30)
-    updates.heartbeat(SUPERVISOR, wall())
+    updates.heartbeat(SUPERVISOR_SLOT, wall())
     updates.put_blob(ABORT_BLOB, b"worker 0 failed after step 6: EngineError: ...")
     with pytest.raises(EngineError, match=r"worker 1: the supervisor gave the round up \(worker 0 failed after step 6"):
         worker._check_still_wanted(need=7, waited=30)

@@ -11,7 +11,7 @@ from ebb.engine.fleet_clock import FleetTimeline, Links, WorkerStep, barrier_ste
 from ebb.local.runner import run_local
 from ebb.spec import SpecError, load_spec
 
-LINKS = Links(link_mb_s=50.0, rtt_ms=0.5, node_mb_s=100.0, cold_start_s=2.0)
+LINKS = Links(link_mb_s=50.0, rtt_ms=0.5, node_mb_s=100.0, cold_start_s=2.0, barrier_ms=0.0)
 
 
 def test_a_workers_step_is_cpu_plus_bytes_over_its_link_plus_round_trips():
@@ -25,7 +25,7 @@ def test_the_cpu_spent_moving_bytes_overlaps_the_wire_time():
     w = WorkerStep(cpu_s=0.2, sent_bytes=3_000_000, read_bytes=2_000_000, requests=4, io_cpu_s=0.03)
     assert worker_seconds(w, LINKS) == pytest.approx(0.17 + 0.1 + 0.002)
     # I/O CPU longer than the wire (a fast link): the CPU is the bound, nothing is added
-    fast = Links(link_mb_s=1000.0, rtt_ms=0.0)
+    fast = Links(link_mb_s=1000.0, rtt_ms=0.0, barrier_ms=0.0)
     assert worker_seconds(w, fast) == pytest.approx(0.2)
     # io_cpu_s is a part of cpu_s: a report that says more is read as all of it
     assert worker_seconds(WorkerStep(cpu_s=0.01, io_cpu_s=0.5), fast) == pytest.approx(0.01)
@@ -34,19 +34,19 @@ def test_the_cpu_spent_moving_bytes_overlaps_the_wire_time():
 def test_a_barrier_step_is_the_release_then_its_slowest_worker_with_the_nodes_phases_in_it():
     a = WorkerStep(cpu_s=0.10, sent_bytes=1_000_000, read_bytes=4_000_000, requests=2)  # 0.1 + 0.1 + 0.001
     b = WorkerStep(cpu_s=0.15, sent_bytes=1_000_000, read_bytes=1_000_000, requests=2)  # 0.15 + 0.04 + 0.001
-    assert barrier_step_seconds([a, b], Links(link_mb_s=50.0, rtt_ms=0.5)) == pytest.approx(0.201)
+    assert barrier_step_seconds([a, b], Links(link_mb_s=50.0, rtt_ms=0.5, barrier_ms=0.0)) == pytest.approx(0.201)
     assert barrier_step_seconds([a, b], Links(link_mb_s=50.0, rtt_ms=0.5, barrier_ms=3.0)) == pytest.approx(0.204)
     # The node at 100 MB/s moves the fleet's 5 MB of reads in 0.05 s: no worker's read phase
     # is shorter (b = 0.15 + 0.02 + 0.05 + 0.001: an upper bound for the worker that reads less).
     assert barrier_step_seconds([a, b], LINKS) == pytest.approx(0.221)
     # A node at 10 MB/s: everyone writes 2 MB through it (0.2 s), then reads 5 MB (0.5 s),
     # one phase after the other, each worker's CPU on top: b = 0.15 + 0.2 + 0.5 + 0.001.
-    slow_node = Links(link_mb_s=50.0, rtt_ms=0.5, node_mb_s=10.0)
+    slow_node = Links(link_mb_s=50.0, rtt_ms=0.5, node_mb_s=10.0, barrier_ms=0.0)
     assert barrier_step_seconds([a, b], slow_node) == pytest.approx(0.851)
 
 
 def test_with_an_infinite_link_and_no_latency_a_step_is_its_busiest_workers_cpu():
-    free = Links(link_mb_s=math.inf, rtt_ms=0.0, node_mb_s=math.inf, cold_start_s=0.0)
+    free = Links(link_mb_s=math.inf, rtt_ms=0.0, node_mb_s=math.inf, cold_start_s=0.0, barrier_ms=0.0)
     cpu = [[0.3, 0.1, 0.2], [0.05, 0.4, 0.1], [0.2, 0.2, 0.25]]  # per step, per worker
     line = FleetTimeline(free)
     line.launch(range(3))
@@ -83,7 +83,7 @@ def test_ssp_lets_a_fast_worker_run_ahead_by_slack_steps_and_no_further():
     With slack 0 (a barrier) worker 0 waits every step: the same cleared times here,
     but its own virtual time trails the slow worker's every step.
     """
-    free = Links(link_mb_s=math.inf, rtt_ms=0.0, node_mb_s=math.inf, cold_start_s=0.0)
+    free = Links(link_mb_s=math.inf, rtt_ms=0.0, node_mb_s=math.inf, cold_start_s=0.0, barrier_ms=0.0)
     line = FleetTimeline(free, slack=1)
     line.launch([0, 1])
     cleared, ready0 = [], []

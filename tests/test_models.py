@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ebb.data.format import decode_batch
 from ebb.engine.striping import PartSequence
-from ebb.engine.worker import load_manifest
+from ebb.ports.manifest import load_manifest
 from ebb.local.runner import run_local
 from ebb.models import build_model
 from ebb.models.logistic import DenseLR, SparseLR

@@ -13,7 +13,8 @@ from moto import mock_aws
 from moto.core import DEFAULT_ACCOUNT_ID, set_initial_no_auth_action_count
 
 from aws_helpers import REGION, aws_env, server_client, unique_bucket
-from ebb.stores import is_s3, join_location, local_copy, open_object_store, parse_s3_url
+from ebb.ports.objects import is_s3
+from ebb.stores import join_location, local_copy, open_object_store, parse_s3_url
 from ebb.stores import s3 as s3_module
 from ebb.stores.local import FolderObjectStore
 from ebb.stores.s3 import S3ObjectStore, S3StoreError, s3_client

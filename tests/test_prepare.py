@@ -5,14 +5,15 @@ import json
 import numpy as np
 import pytest
 
-from ebb.data.format import MANIFEST_KEY, decode_batch, part_key
+from ebb.data.format import decode_batch
+from ebb.ports.keys import MANIFEST_KEY, part_key
 from ebb.data.prepare import (
     ID_MAP_KEY,
     ChecksumError,
     iter_parts,
-    load_manifest,
     prepare_dataset,
 )
+from ebb.ports.manifest import ManifestError, load_manifest
 from ebb.data.readers import DataError
 from ebb.stores.local import FolderObjectStore
 
@@ -43,7 +44,8 @@ def stored_ratings(store, manifest, split):
 def test_movielens_every_row_exactly_once(tmp_path):
     truth = write_unique_ratings(tmp_path / "u.data")
     store = FolderObjectStore(tmp_path / "store")
-    manifest = prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=64, test_fraction=0.2, seed=3)
+    manifest = prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=64, test_fraction=0.2, seed=3,
+                               val_fraction=0.0)
 
     assert (manifest.format, manifest.kind, manifest.batch_size) == ("movielens", "ratings", 64)
     assert manifest.train.rows == 800 and manifest.test.rows == 200
@@ -64,7 +66,8 @@ def test_movielens_every_row_exactly_once(tmp_path):
 def test_parts_are_full_batches_then_one_partial(tmp_path):
     write_unique_ratings(tmp_path / "u.data", count=1000)
     store = FolderObjectStore(tmp_path / "store")
-    manifest = prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=128, test_fraction=0.1)
+    manifest = prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=128, test_fraction=0.1,
+                               val_fraction=0.0)
     train_sizes = [p.rows for p in manifest.train.parts]
     assert train_sizes == [128] * 7 + [900 - 7 * 128]  # 900 = 1000 - 10 %
     assert [p.rows for p in manifest.test.parts] == [100]
@@ -82,7 +85,7 @@ def test_shuffle_is_deterministic_per_seed(tmp_path):
 
     def order(seed, name):
         store = FolderObjectStore(tmp_path / name)
-        manifest = prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=100, seed=seed)
+        manifest = prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=100, seed=seed, val_fraction=0.0)
         ids = decode_batch(store.get(ID_MAP_KEY))
         parts = list(iter_parts(store, manifest, "train"))
         return manifest, [
@@ -102,7 +105,7 @@ def test_external_shuffle_with_many_buckets_is_a_permutation(tmp_path):
     truth = write_unique_ratings(tmp_path / "u.data", users=200, items=100, count=5000)
     store = FolderObjectStore(tmp_path / "store")
     manifest = prepare_dataset(
-        "movielens", tmp_path / "u.data", store, batch_size=500, test_fraction=0.0, bucket_bytes=4096
+        "movielens", tmp_path / "u.data", store, batch_size=500, test_fraction=0.0, bucket_bytes=4096, val_fraction=0.0
     )
     assert manifest.source["shuffle_buckets"]["train"] >= 20
     assert manifest.test.rows == 0 and manifest.test.parts == []
@@ -123,7 +126,7 @@ def test_external_shuffle_with_many_buckets_is_a_permutation(tmp_path):
 def test_corrupt_part_is_reported_by_name(tmp_path):
     write_unique_ratings(tmp_path / "u.data")
     store = FolderObjectStore(tmp_path / "store")
-    manifest = prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=100)
+    manifest = prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=100, val_fraction=0.0)
     victim = manifest.train.parts[3].key
     data = bytearray(store.get(victim))
     data[-10] ^= 0xFF
@@ -136,8 +139,12 @@ def test_corrupt_part_is_reported_by_name(tmp_path):
 
 
 def test_missing_manifest_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="manifest.json"):
+    with pytest.raises(ManifestError, match=r"^the dataset has no manifest.json; prepare it first with `ebb prepare`$"):
         load_manifest(FolderObjectStore(tmp_path / "empty"))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "manifest.json").write_text("{not json")
+    with pytest.raises(ManifestError, match=r"^data/x/manifest.json is corrupt \(JSONDecodeError: .*\); prepare the"):
+        load_manifest(FolderObjectStore(tmp_path / "broken"), "data/x")
 
 
 def test_test_input_uses_training_id_map_and_drops_unseen(tmp_path):
@@ -145,7 +152,8 @@ def test_test_input_uses_training_id_map_and_drops_unseen(tmp_path):
     # user 30 and item 9 never appear in training: those rows cannot be evaluated.
     (tmp_path / "ua.test").write_text("20\t2\t1\t0\n30\t1\t3\t0\n10\t9\t2\t0\n10\t3\t4\t0\n")
     store = FolderObjectStore(tmp_path / "store")
-    manifest = prepare_dataset("movielens", tmp_path / "ua.base", store, test_input=tmp_path / "ua.test", batch_size=2)
+    manifest = prepare_dataset("movielens", tmp_path / "ua.base", store, test_input=tmp_path / "ua.test", batch_size=2,
+                               val_fraction=0.0)
     assert manifest.train.rows == 4 and manifest.test.rows == 2
     assert manifest.source["test_rows_dropped_unseen"] == 2
     assert manifest.source["test_input"] == str(tmp_path / "ua.test")
@@ -158,9 +166,9 @@ def test_bad_rows_fail_or_are_recorded(tmp_path):
     path.write_text("1\t1\t4\t0\n1\t2\n2\t1\t3\t0\n2\t2\t5\t0\n")
     store = FolderObjectStore(tmp_path / "store")
     with pytest.raises(DataError, match=f"^{path}:2: expected 4 fields, got 2$"):
-        prepare_dataset("movielens", path, store)
+        prepare_dataset("movielens", path, store, val_fraction=0.0)
     assert not store.exists(MANIFEST_KEY)  # no manifest: the dataset is not usable
-    manifest = prepare_dataset("movielens", path, store, skip_bad_rows=True, test_fraction=0.0)
+    manifest = prepare_dataset("movielens", path, store, skip_bad_rows=True, test_fraction=0.0, val_fraction=0.0)
     assert manifest.train.rows == 3
     assert manifest.source["skipped_rows"] == 1
     assert manifest.source["bad_row_examples"] == [f"{path}:2: expected 4 fields, got 2"]
@@ -169,8 +177,8 @@ def test_bad_rows_fail_or_are_recorded(tmp_path):
 def test_reprepare_removes_stale_parts(tmp_path):
     write_unique_ratings(tmp_path / "u.data")
     store = FolderObjectStore(tmp_path / "store")
-    prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=50)
-    manifest = prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=400)
+    prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=50, val_fraction=0.0)
+    manifest = prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=400, val_fraction=0.0)
     listed = set(store.list("train/")) | set(store.list("test/"))
     assert listed == {p.key for p in manifest.train.parts + manifest.test.parts}
 
@@ -183,6 +191,7 @@ def test_progress_is_reported(tmp_path):
         tmp_path / "u.data",
         FolderObjectStore(tmp_path / "s"),
         progress=lambda n, note: calls.append((n, note)),
+        val_fraction=0.0,
     )
     reading = [n for n, note in calls if note == "reading train"]
     assert reading == sorted(reading) and len(reading) >= 2
@@ -197,7 +206,8 @@ def test_libsvm_sparse_parts(tmp_path):
         lines.append(" ".join([("+1" if k % 3 else "-1")] + [f"{i}:{i / 10}" for i in idx]))
     (tmp_path / "train.svm").write_text("\n".join(lines) + "\n")
     store = FolderObjectStore(tmp_path / "store")
-    manifest = prepare_dataset("libsvm", tmp_path / "train.svm", store, batch_size=64, test_fraction=0.2)
+    manifest = prepare_dataset("libsvm", tmp_path / "train.svm", store, batch_size=64, test_fraction=0.2,
+                               val_fraction=0.0)
     assert manifest.kind == "sparse"
     assert manifest.num_features == 1 + max(int(t.split(":")[0]) for line in lines for t in line.split()[1:])
     total_nnz, labels = 0, []
@@ -223,7 +233,8 @@ def test_criteo_minmax_scales_numeric_columns(tmp_path):
     (tmp_path / "day.tsv").write_text("\n".join(rows) + "\n")
     store = FolderObjectStore(tmp_path / "store")
     manifest = prepare_dataset(
-        "criteo", tmp_path / "day.tsv", store, num_features=50, numeric_scaling="minmax", batch_size=32
+        "criteo", tmp_path / "day.tsv", store, num_features=50, numeric_scaling="minmax", batch_size=32,
+        val_fraction=0.0
     )
     assert manifest.num_features == 50
     scaling = manifest.source["scaling"]
@@ -245,7 +256,7 @@ def test_csv_dense_parts_are_scaled_with_the_input_range(tmp_path):
     lines = ["f0,f1,label,f2"] + [f"{a:.5f},{b:.5f},{y},{c:.5f}" for (a, b, c), y in zip(x, label)]
     (tmp_path / "data.csv").write_text("\n".join(lines) + "\n")
     store = FolderObjectStore(tmp_path / "store")
-    manifest = prepare_dataset("csv", tmp_path / "data.csv", store, batch_size=100, test_fraction=0.2)
+    manifest = prepare_dataset("csv", tmp_path / "data.csv", store, batch_size=100, test_fraction=0.2, val_fraction=0.0)
     assert (manifest.kind, manifest.num_features) == ("dense", 3)
     assert manifest.source["feature_names"] == ["f0", "f1", "f2"]
     train = np.concatenate([a["x"] for a in iter_parts(store, manifest, "train")])
@@ -265,9 +276,9 @@ def test_unknown_format_and_bad_options(tmp_path):
     (tmp_path / "u.data").write_text("1\t1\t1\t1\n")
     store = FolderObjectStore(tmp_path / "store")
     with pytest.raises(ValueError, match="unknown format"):
-        prepare_dataset("parquet", tmp_path / "u.data", store)
+        prepare_dataset("parquet", tmp_path / "u.data", store, val_fraction=0.0)
     with pytest.raises(ValueError, match="test_fraction"):
-        prepare_dataset("movielens", tmp_path / "u.data", store, test_fraction=1.0)
+        prepare_dataset("movielens", tmp_path / "u.data", store, test_fraction=1.0, val_fraction=0.0)
 
 
 # ------------------------------------------------------------------ validation split
@@ -308,7 +319,7 @@ def test_val_split_is_deterministic_and_leaves_the_test_split_alone(tmp_path):
     assert stored_ratings(store_c, c, "val").keys() != stored_ratings(store_a, a, "val").keys()
     # Without a validation split, the same seed gives the same test rows, and the
     # validation rows are taken from what was training.
-    store_d, d = prepare("d", seed=3)
+    store_d, d = prepare("d", val_fraction=0.0, seed=3)
     assert d.val.rows == 0 and d.val.parts == [] and not store_d.list("val/")
     assert [p.sha256 for p in d.test.parts] == [p.sha256 for p in a.test.parts]
     assert stored_ratings(store_d, d, "train").keys() == (
@@ -355,7 +366,7 @@ def test_manifest_without_val_still_loads(tmp_path):
     """Datasets prepared before the validation split existed have no "val" in their manifest."""
     write_unique_ratings(tmp_path / "u.data")
     store = FolderObjectStore(tmp_path / "store")
-    prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=64)
+    prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=64, val_fraction=0.0)
     raw = json.loads(store.get(MANIFEST_KEY))
     del raw["val"]
     store.put(MANIFEST_KEY, json.dumps(raw).encode())
@@ -370,7 +381,7 @@ def test_reprepare_without_val_removes_stale_val_parts(tmp_path):
     store = FolderObjectStore(tmp_path / "store")
     prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=64, val_fraction=0.3)
     assert store.list("val/")
-    prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=64)
+    prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=64, val_fraction=0.0)
     assert store.list("val/") == []
 
 

@@ -10,10 +10,13 @@ import pytest
 from ebb.data.format import decode_batch
 from ebb.data.prepare import prepare_dataset
 from ebb.data.synth import bayes_logloss_on, synth_logistic, synth_ratings, synth_shaped_ratings
-from ebb.engine.worker import load_manifest
+from ebb.ports.manifest import load_manifest
 from ebb.local.runner import run_local
-from ebb.spec import DEFAULT_VAL_FRACTION, load_spec
+from ebb.spec import PrepareSpec, field_default, load_spec
+
 from ebb.stores.local import FolderObjectStore
+
+DEFAULT_VAL_FRACTION = field_default(PrepareSpec, "val_fraction")
 
 
 def _train(data_dir, tmp_path, **fields):
@@ -38,7 +41,8 @@ def _train(data_dir, tmp_path, **fields):
 )
 def test_one_worker_pmf_reaches_the_noise_floor(tmp_path, ratings, bound):
     meta = synth_ratings(tmp_path / "ratings.csv", ratings=ratings, seed=0)
-    prepare_dataset("movielens", tmp_path / "ratings.csv", FolderObjectStore(tmp_path / "prep"), seed=0)
+    prepare_dataset("movielens", tmp_path / "ratings.csv", FolderObjectStore(tmp_path / "prep"), seed=0,
+                    val_fraction=0.0)
     # Settings for this dense, clean matrix (the defaults' l2 0.1 suits MovieLens-shaped data
     # and stops at 1.13σ here): the planted rank, less regularisation, a faster schedule.
     hyper = {"hyper.rank": 10, "hyper.l2": 0.05, "hyper.lr": 0.04, "hyper.lr_decay": 0.9}
@@ -50,7 +54,7 @@ def test_one_worker_pmf_reaches_the_noise_floor(tmp_path, ratings, bound):
 def test_one_worker_sparse_lr_is_within_2_percent_of_bayes_optimal(tmp_path):
     meta = synth_logistic(tmp_path / "data.svm", seed=0)
     store = FolderObjectStore(tmp_path / "prep")
-    prepare_dataset("libsvm", tmp_path / "data.svm", store, seed=0)
+    prepare_dataset("libsvm", tmp_path / "data.svm", store, seed=0, val_fraction=0.0)
     report = _train(tmp_path / "prep", tmp_path, model="sparse_lr", **{"stop.max_epochs": 10})
     manifest = load_manifest(store)
     test = [decode_batch(store.get(p.key)) for p in manifest.test.parts]
@@ -68,7 +72,7 @@ def test_pmf_defaults_stay_stable_with_one_worker_on_sparsely_touched_rows(tmp_p
     fleet the auto-tuner shrinks to; the default 0.8 keeps every row bounded."""
     import torch
 
-    from ebb.engine.worker import PartCache
+    from ebb.engine.parts import PartCache
     from ebb.models import build_model
 
     synth_ratings(tmp_path / "ratings.csv", users=20_000, items=5_000, ratings=1_000_000, rank=10, seed=0)
@@ -79,6 +83,7 @@ def test_pmf_defaults_stay_stable_with_one_worker_on_sparsely_touched_rows(tmp_p
         batch_size=6250,
         test_fraction=0.1,
         seed=0,
+        val_fraction=0.0,
     )
     spec = load_spec(overrides={"model": "pmf", "data": str(tmp_path / "prep"), "hyper.rank": 20})
     objects = FolderObjectStore(tmp_path / "prep")

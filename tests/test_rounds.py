@@ -1,5 +1,6 @@
-"""Rounds (DESIGN §6): a job cut into rounds — fresh workers and a fresh supervisor each
-time, resumed from checkpoints — ends where an uninterrupted one does."""
+"""Rounds (docs/ARCHITECTURE.md, "Rounds and checkpoints"): a job cut into rounds — fresh
+workers and a fresh supervisor each time, resumed from checkpoints — ends where an
+uninterrupted one does."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 
 from ebb.engine import checkpoint
 from ebb.engine.worker import Worker
+from ebb.ports.keys import LATEST_KEY, SPEC_KEY, round_prefix, worker_key
 from ebb.local.runner import JobFailed, run_local
 from ebb.spec import load_spec
 from ebb.stores.local import FolderObjectStore
@@ -53,7 +55,7 @@ def test_a_job_cut_into_rounds_ends_with_the_same_model_bit_for_bit(small_rating
     ckpts = FolderObjectStore(tmp_path / "cut" / "checkpoints")
     done = checkpoint.latest(ckpts)
     assert done["finished"] and done["round"] == cut["rounds"] - 1
-    assert {k.split("/")[0] for k in ckpts.list("round-")} == {checkpoint.round_prefix(done["round"]).rstrip("/")}
+    assert {k.split("/")[0] for k in ckpts.list("round-")} == {round_prefix(done["round"]).rstrip("/")}
 
 
 def test_lazy_adam_state_crosses_round_boundaries_exactly(small_ratings, redis_url, tmp_path):
@@ -67,7 +69,7 @@ def test_lazy_adam_state_crosses_round_boundaries_exactly(small_ratings, redis_u
     assert [h["loss"] for h in cut["history"]] == [h["loss"] for h in whole["history"]]
     assert _same_model(cut_model, whole_model)
     ckpts = FolderObjectStore(tmp_path / "cut" / "checkpoints")
-    _, arrays = checkpoint.read_worker(ckpts, checkpoint.worker_key(checkpoint.latest(ckpts)["round"], 0))
+    _, arrays = checkpoint.read_worker(ckpts, worker_key(checkpoint.latest(ckpts)["round"], 0))
     steps = arrays["opt.rowsteps.user"]
     # Per-row counts: rows were touched different numbers of times, none more than the steps trained.
     assert 0 < steps.max() <= cut["steps"] and len(np.unique(steps)) > 2
@@ -133,7 +135,7 @@ def test_isp_accumulators_survive_a_round_nothing_sent_or_pending_is_lost(small_
     ckpts = FolderObjectStore(tmp_path / "checkpoints")
     last = checkpoint.latest(ckpts)["round"]
     for w in range(3):
-        meta, arrays = checkpoint.read_worker(ckpts, checkpoint.worker_key(last, w))
+        meta, arrays = checkpoint.read_worker(ckpts, worker_key(last, w))
         assert meta["outcome"] == "stopped"
         pending_total = 0
         for name, local in FilterLedger.local[w].items():
@@ -189,7 +191,7 @@ def test_a_killed_run_resumes_from_its_last_complete_round_and_ends_the_same(sma
              "--seed", "5", "--max-epochs", "12", "--round-steps", "6"]
     whole = _ebb("train", *flags, "--out", str(tmp_path / "whole"))
     killed = _ebb("train", *flags, "--out", str(tmp_path / "run"))
-    latest = tmp_path / "run" / "checkpoints" / checkpoint.LATEST_KEY
+    latest = tmp_path / "run" / "checkpoints" / LATEST_KEY
     deadline = time.monotonic() + 120
     while not (latest.exists() and json.loads(latest.read_text())["round"] >= 2):
         assert killed.poll() is None, killed.communicate()
@@ -226,11 +228,11 @@ def test_resume_refuses_what_it_cannot_continue(small_ratings, tmp_path):
     spec = _spec(data_dir, tmp_path / "out", **{"sync.mode": "isp", "round_steps": 4, "stop.max_epochs": 1})
     run_local(spec)
     ckpts = Path(tmp_path / "out" / "checkpoints")
-    latest = json.loads((ckpts / checkpoint.LATEST_KEY).read_text())
-    (ckpts / checkpoint.LATEST_KEY).write_text(json.dumps({**latest, "finished": False}))
-    doc = json.loads((ckpts / checkpoint.SPEC_KEY).read_text())
+    latest = json.loads((ckpts / LATEST_KEY).read_text())
+    (ckpts / LATEST_KEY).write_text(json.dumps({**latest, "finished": False}))
+    doc = json.loads((ckpts / SPEC_KEY).read_text())
     doc["sync"]["mode"] = "bsp"
-    (ckpts / checkpoint.SPEC_KEY).write_text(json.dumps(doc))
+    (ckpts / SPEC_KEY).write_text(json.dumps(doc))
     changed = subprocess.run([sys.executable, "-m", "ebb.cli", "train", "--resume", str(tmp_path / "out")],
                              capture_output=True, text=True, timeout=120)
     assert changed.returncode == 1

@@ -11,8 +11,11 @@ import pytest
 
 from aws_helpers import unique_bucket
 from ebb.data.prepare import prepare_dataset
-from ebb.spec import DEFAULT_VAL_FRACTION
+from ebb.spec import PrepareSpec, field_default
+
 from ebb.stores.local import FolderObjectStore
+
+DEFAULT_VAL_FRACTION = field_default(PrepareSpec, "val_fraction")
 
 PREPARE = ["prepare", "--format", "movielens", "--batch-size", "1000", "--seed", "3"]
 

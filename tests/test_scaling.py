@@ -8,7 +8,9 @@ import torch
 
 from ebb.autotune.policies import ScaleDecision
 from ebb.data.format import decode_batch
-from ebb.engine.worker import Worker, load_manifest, replica_blob
+from ebb.engine.worker import Worker
+from ebb.ports.keys import replica_blob
+from ebb.ports.manifest import load_manifest
 from ebb.local.runner import run_local
 from ebb.spec import load_spec
 from ebb.stores.local import FolderObjectStore

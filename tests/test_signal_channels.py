@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import redis
 
-from ebb.engine.messages import Directive, MessageError, decode_directive, decode_report
+from ebb.ports.messages import Directive, MessageError, Scoring, decode_directive, decode_report
 from ebb.local.runner import run_local
 from ebb.spec import load_spec
 from ebb.stores.local import FolderObjectStore
@@ -152,9 +152,11 @@ def test_a_directive_reaches_exactly_its_workers_in_one_publish(stack):
 
 def test_a_payload_over_256_kb_travels_by_pointer_and_arrives_intact(stack):
     ch = stack.channel("big")
-    # A report with a large test scoring, then a directive naming a fleet of 70,000 workers.
+    # A report with a large scoring, then a directive naming a fleet of 70,000 workers.
     curve = np.random.default_rng(0).random(20_000).tolist()
-    big_report = make_report(0, 0, True, time.time(), members=(0, 1), test={"curve": curve})
+    metrics = {f"m{i}": v for i, v in enumerate(curve)}
+    big_report = make_report(0, 0, True, time.time(), members=(0, 1),
+                             scoring=Scoring(step=0, split="val", epoch=0.0, metrics=metrics))
     ch.report(big_report)
     announce(ch, 1, 0, True, time.time(), members=(0, 1))
     assert ch.counters.scratch_puts == 1
@@ -171,9 +173,11 @@ def test_a_payload_over_256_kb_travels_by_pointer_and_arrives_intact(stack):
         assert d.members == fleet.members and d.senders == [0, 1]
     assert ch.counters.scratch_gets == 3
     # Just under the limit goes inline: one SQS message, no scratch object.
-    ch.report(make_report(0, 1, True, time.time(), members=(0, 1), test={"pad": "x" * 200_000}))
+    pad = {f"p{i:05d}": 0.5 for i in range(15_000)}  # about 200 KB
+    ch.report(make_report(0, 1, True, time.time(), members=(0, 1),
+                          scoring=Scoring(step=0, split="val", epoch=0.0, metrics=pad)))
     assert ch.counters.scratch_puts == 2
-    assert drain(ch)[0].test["pad"] == "x" * 200_000
+    assert drain(ch)[0].scoring.metrics == pad
 
 
 class _LosingDeletes:

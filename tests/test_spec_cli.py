@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from ebb.cli import main
-from ebb.spec import MODEL_DEFAULTS, PMF_ADAM_LR, SpecError, load_spec
+from ebb.catalogue import CATALOGUE
+from ebb.spec import SpecError, SyncSpec, field_default, load_spec
 
 
 def _job(tmp_path, text):
@@ -44,8 +45,8 @@ def test_bad_yaml_and_bad_override_are_one_line_errors(tmp_path):
 def test_flags_override_the_file_and_defaults_follow_the_model(tmp_path):
     path = _job(tmp_path, "model: sparse_lr\ndata: d\nworkers: 2\nhyper:\n  lr: 0.5\n")
     spec = load_spec(path, {"workers": 6, "hyper.l2": None})
-    assert spec.workers == 6 and spec.hyper.lr == 0.5 and spec.hyper.l2 == MODEL_DEFAULTS["sparse_lr"]["l2"]
-    assert load_spec(overrides={"data": "d", "model": "pmf"}).hyper.rank == MODEL_DEFAULTS["pmf"]["rank"]
+    assert spec.workers == 6 and spec.hyper.lr == 0.5 and spec.hyper.l2 == CATALOGUE["sparse_lr"].hyper["l2"]
+    assert load_spec(overrides={"data": "d", "model": "pmf"}).hyper.rank == CATALOGUE["pmf"].hyper["rank"]
 
 
 def test_ssp_with_a_scaling_policy_is_refused():
@@ -56,7 +57,7 @@ def test_ssp_with_a_scaling_policy_is_refused():
 def test_the_optimizer_follows_the_model_and_adam_takes_its_own_lr():
     assert load_spec(overrides={"data": "d"}).hyper.optimizer == "sgd_momentum"
     adam = load_spec(overrides={"data": "d", "hyper.optimizer": "adam"}).hyper
-    assert adam.optimizer == "adam" and adam.lr == PMF_ADAM_LR
+    assert adam.optimizer == "adam" and adam.lr == CATALOGUE["pmf"].adam_lr
     assert load_spec(overrides={"data": "d", "hyper.optimizer": "adam", "hyper.lr": 0.01}).hyper.lr == 0.01
     assert load_spec(overrides={"data": "d", "model": "lr"}).hyper.optimizer == "adam"
     with pytest.raises(SpecError, match="hyper.optimizer: model sparse_lr trains with adam only"):
@@ -64,11 +65,9 @@ def test_the_optimizer_follows_the_model_and_adam_takes_its_own_lr():
 
 
 def test_the_sum_cap_is_8_in_every_sync_mode_unless_set():
-    from ebb.spec import DEFAULT_SUM_CAP
-
     for mode in ("bsp", "ssp", "isp"):
         spec = load_spec(overrides={"data": "d", "model": "sparse_lr", "sync.mode": mode, "scaling.policy": "none"})
-        assert spec.sync.sum_cap == DEFAULT_SUM_CAP == 8
+        assert spec.sync.sum_cap == field_default(SyncSpec, "sum_cap") == 8
     assert load_spec(overrides={"data": "d", "sync.sum_cap": 4}).sync.sum_cap == 4
     with pytest.raises(SpecError, match="sum_cap"):
         load_spec(overrides={"data": "d", "sync.sum_cap": 0})
@@ -126,13 +125,13 @@ def test_a_failed_job_writes_a_failed_report_and_exits_1(small_ratings, tmp_path
 
 
 def test_no_quantize_flag_reaches_the_spec():
-    from ebb.cli import TRAIN_OVERRIDES, build_parser
+    from ebb.cli import build_parser
+    from ebb.flags import JOB_FLAGS, given
 
     args = build_parser().parse_args(["train", "--data", "d", "--no-quantize"])
-    spec = load_spec(overrides={field: getattr(args, flag) for flag, field in TRAIN_OVERRIDES.items()})
-    assert spec.sync.quantize is False
+    assert load_spec(overrides=given(args, JOB_FLAGS)).sync.quantize is False
     args = build_parser().parse_args(["train", "--data", "d"])
-    assert load_spec(overrides={field: getattr(args, flag) for flag, field in TRAIN_OVERRIDES.items()}).sync.quantize
+    assert load_spec(overrides=given(args, JOB_FLAGS)).sync.quantize
 
 
 def test_help_teaches():
@@ -140,8 +139,8 @@ def test_help_teaches():
     assert r.returncode == 0
     for flag in ("--model", "--data", "--rank", "--lr", "--workers", "--target-loss", "--max-seconds", "--max-epochs",
                  "--seed", "--out", "--sync", "--significance", "--slack", "--quantize", "--no-quantize", "--redis",
-                 "--policy", "--min-workers",
-                 "--budget-usd", "--memory-mb", "examples:"):
+                 "--policy", "--min-workers", "--l2", "--lr-decay", "--momentum", "--patience-evals", "--target-val",
+                 "--min-delta", "--set", "--budget-usd", "--memory-mb", "examples:"):
         assert flag in r.stdout
 
 

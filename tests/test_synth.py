@@ -90,7 +90,7 @@ def test_planted_rank_model_reaches_the_noise_floor(tmp_path):
     """A rank-r fit of rank-r data approaches sigma on held-out ratings, and cannot beat it."""
     meta = synth_ratings(tmp_path / "u.data", users=400, items=250, ratings=45_000, rank=4, noise=0.5, seed=3)
     store = FolderObjectStore(tmp_path / "store")
-    manifest = prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=10_000)
+    manifest = prepare_dataset("movielens", tmp_path / "u.data", store, batch_size=10_000, val_fraction=0.0)
     rmse = als_test_rmse(store, manifest, rank=4)
     # σ²·r·(users+items)/N_train ≈ 0.064 σ² of estimation error: ≈ 1.03 σ expected
     # (1.01–1.035 σ over seeds 0–7); the test RMSE of 4500 ratings has se ≈ 0.01 σ.
@@ -109,7 +109,7 @@ def test_synth_logistic_libsvm_round_trips_to_the_bayes_logloss(tmp_path):
     assert 1 <= min(c["indices"].min() for c in chunks) and reader.num_features <= 301
 
     store = FolderObjectStore(tmp_path / "store")
-    manifest = prepare_dataset("libsvm", path, store, batch_size=4096)
+    manifest = prepare_dataset("libsvm", path, store, batch_size=4096, val_fraction=0.0)
     w, b = prepared_weights(manifest, weights, meta["bias"])
     everything = [a for split in ("train", "test") for a in iter_parts(store, manifest, split)]
     # Realised BCE of the true model ≈ its expected value (the mean entropy): se ≈ 0.004.
@@ -126,7 +126,7 @@ def test_synth_logistic_dense_csv_through_minmax_scaling(tmp_path):
     assert meta["kind"] == "dense" and meta["features"] == 30
     assert 0.4 <= meta["bayes_logloss"] <= 0.55
     store = FolderObjectStore(tmp_path / "store")
-    manifest = prepare_dataset("csv", path, store, batch_size=4096)
+    manifest = prepare_dataset("csv", path, store, batch_size=4096, val_fraction=0.0)
     assert manifest.num_features == 30
     w, b = prepared_weights(manifest, np.load(meta["weights_file"]), meta["bias"])
     everything = [a for split in ("train", "test") for a in iter_parts(store, manifest, split)]

@@ -21,65 +21,46 @@ EPILOG_TRAIN = """\
 examples:
   ebb train job.yaml                          everything from the job file
   ebb train job.yaml --workers 8 --sync isp   the job file, two fields overridden
-  ebb train --model pmf --data data/ml --target-loss 0.82 --max-epochs 20
+  ebb train --model pmf --data data/ml --l2 0.05 --patience-evals 8
+  ebb train --data data/ml --target-val 0.85 --set scaling.knee_min_drop=0.1
 
 Flags override the job file; with no job file the flags alone define the job, and
-every unset hyper-parameter takes its model's default. The job writes OUT/report.json
-(status, wall_seconds, steps, epochs, final_loss, test_metrics, history, totals, cost),
-OUT/model.npz and OUT/loss.png, and exits 1 when the job fails.
+every unset hyper-parameter takes its model's default. With a validation split (`ebb
+prepare` keeps 10 %) the job stops when --patience-evals scorings in a row are no
+better, and writes the best model it scored. Every field of the job file (`ebb spec`)
+can be set with --set. The job writes OUT/report.json (status, wall_seconds, steps,
+epochs, final_loss, test_metrics, history, totals, cost), OUT/model.npz and
+OUT/loss.png, and exits 1 when the job fails.
 """
 
 
+class _Renamed(argparse.Action):
+    """A flag that was renamed: one line saying to what."""
+
+    def __init__(self, option_strings, dest, renamed_to: str, **kwargs):
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
+        self.renamed_to = renamed_to
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} was renamed to {self.renamed_to}")
+
+
 def _add_job_flags(p) -> None:
-    """The flags that override fields of a job file (``ebb train`` and ``ebb submit``)."""
-    p.add_argument("job", nargs="?", help="job file (YAML); see README 'Job file'")
-    p.add_argument("--name", help="job name (default: random); outputs go to runs/<name>")
-    p.add_argument(
-        "--model", choices=["pmf", "sparse_lr", "lr"], help="pmf: ratings; sparse_lr: hashed/LibSVM; lr: dense CSV"
-    )
-    p.add_argument(
-        "--data", metavar="DIR", help="prepared dataset: a folder or s3://bucket/prefix (from `ebb prepare`)"
-    )
-    p.add_argument("--rank", type=int, help="PMF latent dimension (default 20)")
-    p.add_argument("--lr", type=float, help="learning rate (default per model)")
-    p.add_argument("--optimizer", choices=["sgd_momentum", "adam"],
-                   help="PMF optimiser: sgd_momentum (default) or adam (lazy Adam)")
-    p.add_argument("--workers", type=int, help="number of workers at the start (default 1)")
-    p.add_argument("--sync", choices=["bsp", "ssp", "isp"], help="synchronisation model (default isp)")
-    p.add_argument("--significance", type=float, metavar="V",
-                   help="ISP threshold v; v_t = v/sqrt(t) (default: PMF 0.4, LR 0.7)")
-    p.add_argument("--slack", type=int, metavar="S", help="SSP staleness bound (default 3)")
-    p.add_argument(
-        "--quantize",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="ISP: send significant values as int8 with a per-row scale, the rounding kept pending "
-        "(default on; --no-quantize sends float32)",
-    )
-    p.add_argument("--policy", choices=["autotune", "none", "schedule"], help="scaling policy (default autotune)")
-    p.add_argument("--min-workers", type=int, help="never scale in below this many workers")
-    p.add_argument("--budget-usd", type=float, help="stop before the estimated AWS cost exceeds this")
-    p.add_argument("--memory-mb", type=int, help="Lambda memory per worker, for the cost model (default 1769)")
-    p.add_argument("--target-loss", type=float, help="stop once the training loss stays at or below this")
-    p.add_argument("--target-test", type=float, help="stop once the test RMSE / log-loss is at or below this")
-    p.add_argument(
-        "--eval-every", type=int, metavar="N", help="score the test split every N steps (default 50 with --target-test)"
-    )
-    p.add_argument("--max-seconds", type=float, help="stop after this wall time (default 3600)")
-    p.add_argument("--max-epochs", type=float, help="stop after this many passes over the data (default 10)")
-    p.add_argument("--seed", type=int, help="seed for the initial model and the minibatch order")
-    p.add_argument("--out", metavar="DIR", help="output folder or s3://bucket/prefix (default runs/<name>)")
-    p.add_argument(
-        "--round-seconds",
-        type=float,
-        metavar="S",
-        help="train in rounds of S seconds, each in fresh processes resumed from checkpoints, as on "
-        "Lambda (default 840)",
-    )
-    p.add_argument("--round-steps", type=int, metavar="N", help="at most N steps per round (reproducible cuts)")
+    """The flags that override fields of a job file (``ebb train`` and ``ebb submit``),
+    generated from the spec's fields (``ebb.flags``)."""
+    from ebb.flags import JOB_FLAGS, add_flags, add_set
+    from ebb.spec import JobSpec
+
+    p.add_argument("job", nargs="?", help="job file (YAML); `ebb spec` prints every field")
+    add_flags(p, JobSpec, JOB_FLAGS, required=False)
+    add_set(p)
+    p.add_argument("--target-test", action=_Renamed, renamed_to="--target-val")
 
 
 def _add_train(sub) -> None:
+    from ebb.flags import LOCAL_FLAGS, add_flags
+    from ebb.spec import JobSpec
+
     p = sub.add_parser(
         "train",
         help="train a model (locally: worker processes + a private redis-server)",
@@ -88,66 +69,31 @@ def _add_train(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_job_flags(p)
-    p.add_argument(
-        "--redis", action="append", metavar="URL", help="use this Redis (repeat to shard) instead of a private one"
-    )
-    p.add_argument("--clock", choices=["host", "fleet"],
-                   help="run the job (tuner, stop rules, cost, history) on this machine's time or on the modelled "
-                   "time of a Lambda fleet (default host; see clock.* in the job file)")
-    p.add_argument("--link-mb-s", type=float, metavar="MB_S", help="fleet clock: one worker's link, MB/s (default 75)")
+    add_flags(p, JobSpec, LOCAL_FLAGS, required=False)
     p.add_argument(
         "--resume",
         metavar="OUT",
         help="continue an interrupted job from the last round it completed in OUT (its job spec is "
         "read from OUT/checkpoints/spec.json; no job file or other flags)",
     )
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, spec_flags="train")
 
 
-TRAIN_OVERRIDES = {
-    "name": "name",
-    "model": "model",
-    "data": "data",
-    "rank": "hyper.rank",
-    "lr": "hyper.lr",
-    "optimizer": "hyper.optimizer",
-    "workers": "workers",
-    "sync": "sync.mode",
-    "significance": "sync.significance",
-    "slack": "sync.slack",
-    "quantize": "sync.quantize",
-    "redis": "redis_urls",
-    "policy": "scaling.policy",
-    "min_workers": "scaling.min_workers",
-    "budget_usd": "stop.budget_usd",
-    "memory_mb": "aws.memory_mb",
-    "target_loss": "stop.target_loss",
-    "target_test": "stop.target_test",
-    "eval_every": "stop.eval_every",
-    "max_seconds": "stop.max_seconds",
-    "max_epochs": "stop.max_epochs",
-    "seed": "seed",
-    "out": "out",
-    "round_seconds": "round_seconds",
-    "round_steps": "round_steps",
-    "clock": "clock.kind",
-    "link_mb_s": "clock.link_mb_s",
-}
+def _spec_flags(args):
+    from ebb.flags import JOB_FLAGS, LOCAL_FLAGS
 
-
-def _job_overrides(args) -> dict:
-    return {field: getattr(args, flag, None) for flag, field in TRAIN_OVERRIDES.items()}
+    return JOB_FLAGS + LOCAL_FLAGS if args.spec_flags == "train" else JOB_FLAGS
 
 
 def cmd_train(args) -> int:
     import torch
 
+    from ebb.catalogue import entry
     from ebb.engine.outputs import write_outputs
-    from ebb.local.progress import ProgressSink
     from ebb.engine.preflight import PreflightError
-    from ebb.engine.worker import EngineError, load_manifest
+    from ebb.local.progress import ProgressSink
     from ebb.local.runner import JobFailed, run_local
-    from ebb.models import LOSS_NAMES
+    from ebb.ports.keys import MANIFEST_KEY
     from ebb.stores import open_object_store
 
     spec = _train_spec(args)
@@ -156,7 +102,7 @@ def cmd_train(args) -> int:
     try:
         out = open_object_store(spec.out_location)
         data = open_object_store(spec.data)
-        has_manifest = data.exists("manifest.json")
+        has_manifest = data.exists(MANIFEST_KEY)
     except (ValueError, OSError) as exc:  # a bad location (missing bucket, no credentials): one line
         print(f"ebb train: {exc}", file=sys.stderr)
         return 2
@@ -174,17 +120,13 @@ def cmd_train(args) -> int:
             return 2
     elif not has_manifest:
         print(
-            f"ebb train: data: {spec.data} has no manifest.json; prepare it first with `ebb prepare` "
+            f"ebb train: data: {spec.data} has no {MANIFEST_KEY}; prepare it first with `ebb prepare` "
             "(or give the job a prepare section)",
             file=sys.stderr,
         )
         return 2
     torch.set_num_threads(1)
-    try:
-        has_val = bool(load_manifest(data).val.parts)
-    except (EngineError, ValueError):  # a bad manifest: the preflight check below says what is wrong
-        has_val = False
-    sink = ProgressSink(spec.epoch_limit(has_val), LOSS_NAMES[spec.model])
+    sink = ProgressSink(entry(spec.model).loss_name, clock=spec.clock.kind)
     started = time.monotonic()
     try:
         report, _ = run_local(spec, sink, resume=bool(args.resume))
@@ -205,16 +147,19 @@ def cmd_train(args) -> int:
 
 def _train_spec(args):
     """The job spec from the job file and flags, or from OUT/checkpoints with --resume."""
+    from ebb.flags import given
     from ebb.spec import JobSpec, SpecError, load_spec
 
-    overrides = _job_overrides(args)
+    flags = _spec_flags(args)
+    overrides = given(args, flags)
     if args.resume:
-        from ebb.engine.checkpoint import SPEC_KEY
+        from ebb.ports.keys import SPEC_KEY
         from ebb.stores import join_location, open_object_store
 
-        given = [flag for flag, field in TRAIN_OVERRIDES.items() if overrides[field] is not None]
-        if args.job or given:
-            extra = f"--{given[0].replace('_', '-')}" if given else f"the job file {args.job}"
+        named = [f.option for f in flags if overrides[f.field] is not None] + [
+            f"--set {a}" for a in args.assignments]
+        if args.job or named:
+            extra = named[0] if named else f"the job file {args.job}"
             print(f"ebb train: --resume continues a job exactly as it started: drop {extra}", file=sys.stderr)
             return None
         try:
@@ -227,7 +172,7 @@ def _train_spec(args):
             return None
         return JobSpec.model_validate_json(raw)
     try:
-        return load_spec(args.job, overrides)
+        return load_spec(args.job, overrides, args.assignments)
     except SpecError as exc:
         print(f"ebb train: {exc}", file=sys.stderr)
         return None
@@ -242,8 +187,10 @@ def _print_summary(report: dict, out: str) -> None:
         line = (
             f"{report['status']}: {report['steps']} steps{rounds}, {report['epochs']:.2f} epochs in "
             f"{report['wall_seconds']:.1f} s; final training {report['loss_name']} {report['final_loss']:.4f}; "
-            f"test {metrics}"
         )
+        if report.get("model") == "best":
+            line += f"best validation {report['best_val']:.4f} at step {report['best_step']}; "
+        line += f"test {metrics}"
         if "cost" in report:
             line += f"; est. AWS cost ${report['cost']['total_usd']:.4f}"
         print(line)
@@ -315,68 +262,63 @@ def cmd_synth(args) -> int:
     return 0
 
 
+def _prepare_flags():
+    from ebb.flags import Flag
+
+    return (Flag("format"), Flag("input", metavar="FILE"), Flag("test_input", metavar="FILE"), Flag("batch_size"),
+            Flag("test_fraction"), Flag("val_fraction"), Flag("seed"), Flag("skip_bad_rows"), Flag("num_features"),
+            Flag("numeric_scaling"))
+
+
 def _add_prepare(sub) -> None:
-    from ebb.spec import DEFAULT_VAL_FRACTION
+    from ebb.flags import add_flags
+    from ebb.spec import PrepareSpec
 
     p = sub.add_parser(
         "prepare",
         help="parse, shuffle, split and cut a dataset into minibatches",
         description="Parse a dataset (streamed; any size), shuffle it with a seed, split train / validation "
         "/ test and write fixed-size minibatches plus manifest.json into OUT. Inputs and OUT may be on S3 "
-        "(s3://bucket/...); boto3's usual configuration applies (credentials, region, AWS_ENDPOINT_URL).",
+        "(s3://bucket/...); boto3's usual configuration applies (credentials, region, AWS_ENDPOINT_URL). "
+        "The same fields make a job file's `prepare` section.",
     )
-    p.add_argument("--format", required=True, choices=["movielens", "criteo", "libsvm", "csv"])
-    p.add_argument(
-        "--input",
-        required=True,
-        metavar="FILE",
-        help="raw input: a local file or s3://bucket/key (fetched to a temporary file, deleted after)",
-    )
-    p.add_argument(
-        "--test-input",
-        metavar="FILE",
-        help="a separate test file, local or s3://bucket/key (else --test-fraction of the input)",
-    )
+    flags = _prepare_flags()
+    add_flags(p, PrepareSpec, flags[:3])
     p.add_argument(
         "--out",
         required=True,
         metavar="DIR",
         help="where the dataset goes: a folder or s3://bucket/prefix (existing parts are replaced)",
     )
-    p.add_argument("--batch-size", type=int, default=6250, help="rows per minibatch (MLLess: 6,250)")
-    p.add_argument(
-        "--test-fraction", type=float, default=0.1, help="share of the input held out for test (default 0.1)"
-    )
-    p.add_argument(
-        "--val-fraction",
-        type=float,
-        default=DEFAULT_VAL_FRACTION,
-        help="share of the input held out as a validation split (val/part-NNNNNN), apart from train and "
-        f"test, for choosing hyper-parameters and when to stop (default {DEFAULT_VAL_FRACTION:g}; 0: none)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--skip-bad-rows", action="store_true", help="count and skip malformed rows instead of stopping")
-    p.add_argument("--num-features", type=int, default=100_000, help="hashing-trick dimension (criteo)")
-    p.add_argument("--numeric-scaling", choices=["log", "minmax"], default="log", help="criteo integer columns")
+    add_flags(p, PrepareSpec, flags[3:])
     p.set_defaults(func=cmd_prepare)
 
 
 def cmd_prepare(args) -> int:
-    from ebb.stores import is_s3, open_object_store, parse_s3_url
+    from pydantic import ValidationError
+
+    from ebb.flags import given, option_of
+    from ebb.ports.objects import is_s3
+    from ebb.stores import open_object_store, parse_s3_url
 
     def fail(message: str, code: int = 2) -> int:
         print(f"ebb prepare: {message}", file=sys.stderr)
         return code
 
-    if not 0 <= args.test_fraction < 1:
-        return fail(f"--test-fraction must be in [0, 1), got {args.test_fraction}")
-    if not 0 <= args.val_fraction < 1:
-        return fail(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
-    if args.test_input is None and args.test_fraction + args.val_fraction >= 1:
-        return fail(f"--test-fraction + --val-fraction must be below 1, got {args.test_fraction} + {args.val_fraction}")
-    if args.batch_size < 1:
-        return fail(f"--batch-size must be positive, got {args.batch_size}")
-    for flag, location in (("--input", args.input), ("--test-input", args.test_input), ("--out", args.out)):
+    from ebb.spec import PrepareSpec
+
+    flags = _prepare_flags()
+    try:
+        prep = PrepareSpec.model_validate({k: v for k, v in given(args, flags).items() if v is not None})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        message = err["msg"].removeprefix("Value error, ")
+        if err["loc"]:
+            return fail(f"{option_of(str(err['loc'][0]), flags)}: {message}")
+        for flag in flags:  # a rule across fields: name them by their flags
+            message = message.replace(flag.field, flag.option)
+        return fail(message)
+    for flag, location in (("--input", prep.input), ("--test-input", prep.test_input), ("--out", args.out)):
         if location and is_s3(location):
             try:
                 parse_s3_url(location)
@@ -385,8 +327,8 @@ def cmd_prepare(args) -> int:
         elif location and flag != "--out" and not Path(location).is_file():
             return fail(f"no such file: {location}")
 
-    from ebb.data.format import MANIFEST_KEY
     from ebb.data.prepare import InputError, prepare_from_spec
+    from ebb.ports.keys import MANIFEST_KEY
 
     try:
         store = open_object_store(args.out)
@@ -398,20 +340,6 @@ def cmd_prepare(args) -> int:
     def progress(rows: int, note: str) -> None:
         print(f"\r{note}: {rows:,} rows", end="", file=sys.stderr, flush=True)
 
-    from ebb.spec import PrepareSpec
-
-    prep = PrepareSpec(
-        format=args.format,
-        input=args.input,
-        test_input=args.test_input,
-        batch_size=args.batch_size,
-        test_fraction=args.test_fraction,
-        val_fraction=args.val_fraction,
-        seed=args.seed,
-        skip_bad_rows=args.skip_bad_rows,
-        num_features=args.num_features,
-        numeric_scaling=args.numeric_scaling,
-    )
     try:
         manifest = prepare_from_spec(prep, store, progress=progress)
     except InputError as exc:
@@ -463,7 +391,7 @@ def _add_aws(sub) -> None:
     _add_job_flags(p)
     _stack_flag(p)
     p.add_argument("--watch", action="store_true", help="then watch it until it ends (as `ebb watch`)")
-    p.set_defaults(func=cmd_submit)
+    p.set_defaults(func=cmd_submit, spec_flags="submit")
     w = sub.add_parser(
         "watch",
         help="follow a job on AWS until it ends: state, round, step, loss, workers, $",
@@ -507,8 +435,10 @@ def cmd_submit(args) -> int:
     from ebb.deployed import Deployment, Execution, watch
     from ebb.spec import SpecError, load_spec
 
+    from ebb.flags import given
+
     try:
-        spec = load_spec(args.job, _job_overrides(args))
+        spec = load_spec(args.job, given(args, _spec_flags(args)), args.assignments)
     except SpecError as exc:
         print(f"ebb submit: {exc}", file=sys.stderr)
         return 2

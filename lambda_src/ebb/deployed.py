@@ -15,8 +15,10 @@ from datetime import datetime, UTC
 from pathlib import Path
 from collections.abc import Callable
 
+from ebb.ports.keys import MANIFEST_KEY, PROGRESS_KEY, REPORT_KEY
 from ebb.spec import JobSpec
-from ebb.stores import is_s3, open_object_store
+from ebb.ports.objects import is_s3
+from ebb.stores import open_object_store
 
 OUTPUTS = ("StateMachineArn", "DataBucketName")
 DONE = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
@@ -66,21 +68,22 @@ class Deployment:
 
         local = open_object_store(folder)
         try:
-            manifest = local.get("manifest.json")
+            manifest = local.get(MANIFEST_KEY)
         except KeyError:
-            raise DeploymentError(f"data: {folder} has no manifest.json; prepare it first with `ebb prepare`") from None
+            raise DeploymentError(f"data: {folder} has no {MANIFEST_KEY}; prepare it first with `ebb prepare`"
+                                  ) from None
         digest = hashlib.sha256(manifest).hexdigest()[:12]
         location = f"s3://{self.bucket}/datasets/{Path(folder).resolve().name}-{digest}"
         remote = open_object_store(location)
-        if remote.exists("manifest.json"):
+        if remote.exists(MANIFEST_KEY):
             progress(f"dataset already uploaded: {location}")
             return location
-        keys = [k for k in local.list() if k != "manifest.json"]
+        keys = [k for k in local.list() if k != MANIFEST_KEY]
         for i, key in enumerate(keys, 1):
             remote.put(key, local.get(key))
             if i % 50 == 0 or i == len(keys):
                 progress(f"uploading {folder}: {i}/{len(keys)} parts")
-        remote.put("manifest.json", manifest)  # last: a dataset with a manifest is complete
+        remote.put(MANIFEST_KEY, manifest)  # last: a dataset with a manifest is complete
         return location
 
     def submit(self, spec: JobSpec, progress: Callable[[str], None] = print, session=None) -> dict:
@@ -149,7 +152,7 @@ class Execution:
 
     def progress(self, out: str) -> dict | None:
         try:
-            return json.loads(open_object_store(out).get("progress.json"))
+            return json.loads(open_object_store(out).get(PROGRESS_KEY))
         except KeyError:
             return None
 
@@ -187,12 +190,12 @@ def fetch_report(execution: Execution, into: str) -> dict:
     desc = execution.describe()
     out = open_object_store(execution.out_location())
     try:
-        report = json.loads(out.get("report.json"))
+        report = json.loads(out.get(REPORT_KEY))
     except KeyError:
         raise DeploymentError(f"{execution.job_id} has no report yet (execution {desc['status'].lower()})") from None
     Path(into).mkdir(parents=True, exist_ok=True)
-    Path(into, "report.json").write_text(json.dumps(report, indent=2))
+    Path(into, REPORT_KEY).write_text(json.dumps(report, indent=2))
     for key in (report.get("files") or {}).values():
-        if key != "report.json":
+        if key != REPORT_KEY:
             out.get_file(key, Path(into, key))
     return report

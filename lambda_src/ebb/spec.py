@@ -13,68 +13,44 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 
-ModelName = Literal["pmf", "sparse_lr", "lr"]
+from ebb.catalogue import CATALOGUE, ModelName, entry, per_model, per_model_hyper
 
-# Defaults per model that train well without tuning; a field left unset in the spec takes
-# the value for its model. Chosen with bench/quality.py on MovieLens-shaped ratings
-# (ml-100k, ml-latest-small) and Criteo-shaped rows against a tuned torch reference, and
-# checked on the planted generators (README, "Picking hyper-parameters").
-MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "pmf": {"rank": 20, "lr": 0.02, "momentum": 0.8, "l2": 0.1, "init_std": 0.1, "lr_decay": 0.95},
-    "sparse_lr": {"lr": 0.01, "l2": 3e-5, "lr_decay": 1.0},
-    "lr": {"lr": 0.05, "l2": 1e-5, "lr_decay": 1.0},
-}
-# The optimiser each model trains with when hyper.optimizer is unset (PMF offers both), and
-# the learning rate Adam takes when hyper.lr is unset: Adam's step is about lr per entry
-# whatever the gradient's scale, so SGD's default lr means something else to it.
-OPTIMIZER_DEFAULTS: dict[str, str] = {"pmf": "sgd_momentum", "sparse_lr": "adam", "lr": "adam"}
-PMF_ADAM_LR = 0.03
-
-# How a step's updates meet (sync.combine) when unset. mean: a row moves by the mean of
-# its touchers' proposals, about one worker's step, so an epoch at P workers advances it
-# about 1/P to 1 of one worker's epoch (PMF + SGD: summing 4 workers' momentum steps
-# stopped improving at ml-latest-small-shaped val RMSE 0.834; the mean goes on to 0.830).
-# sum: every proposal is added, as if the workers had taken their steps one after
-# another, so an epoch does one worker's epoch of progress at any P. Sparse LR trains by Adam, whose proposal is a
-# step of about lr whatever the gradient: the mean of P of them moved the features every
-# worker sees (the signal) 1/P as far while a rare feature (one toucher) moved a full
-# step, and 4 workers overfit sooner and worse (Criteo-shaped val log-loss 0.507, against
-# 0.496 summed and 0.496 at one worker; bench/quality.py, docs/RESULTS.md).
-COMBINE_DEFAULTS: dict[str, str] = {"pmf": "mean", "sparse_lr": "sum", "lr": "mean"}
-# The sum's cap (sync.sum_cap) when unset: past this many touchers a row moves by this
-# many times their mean. Uncapped, a feature all 24 workers saw took 24 Adam steps a step
-# and sparse LR at lr 0.01 swung between log-loss 0.50 and 0.96 without converging (fleet
-# clock, Criteo shape); 8 is the largest fleet whose plain sum converged under BSP. ISP
-# at sparse LR's old v of 0.7 needed 4: its payloads carried several steps of a row's
-# held-back proposals, and at 16 and 32 workers its log-loss swung and ended 1.6-3% worse
-# than BSP's. At today's v (0.2) it holds little back and converges at 8, in 40 steps
-# where capped at 4 it took 65 (docs/RESULTS.md, "Sync models and DDP").
-DEFAULT_SUM_CAP = 8
-
-# ISP's threshold v when unset. MLLess runs 0.7 end to end; for PMF its code uses 0.05. At
-# 4 workers on ml-latest-small-shaped ratings, v 0.7 held PMF's validation RMSE at 0.8304
-# where BSP reaches 0.8286; v 0.4 reaches 0.8288 (bench/quality_probe.py m4-v0.4-160) for
-# more bytes than 0.7 and fewer than 0.2. Sparse LR (Criteo shape, fleet clock, sum capped
-# at 8) reached log-loss 0.485 soonest at 0.2 of 0.1, 0.2 and 0.4 at 8 and 32 workers (0.1 by
-# 2% at 16): 40 steps to BSP's 35 where 0.7 took 65 and, at 16+ workers, needed a cap of 4.
-SIGNIFICANCE_DEFAULTS: dict[str, float] = {"pmf": 0.4, "sparse_lr": 0.2, "lr": 0.7}
-
-
-# Share of the rows `ebb prepare` (and a job's `prepare` section) holds out for validation
-# unless told otherwise: enough for early stopping to see a smooth curve on 100k ratings.
-DEFAULT_VAL_FRACTION = 0.1
-
-
-# stop.max_epochs when unset. With a validation split early stopping ends a job and this is
-# a backstop, × the initial workers: at P workers an epoch does 1/P to 1 epochs of one
-# worker's work under sync.combine mean (docs/ARCHITECTURE.md). Without one nothing
-# watches for overfitting: then about the epochs after which each model's defaults stop
-# improving at one worker on the bench's data, not scaled, as running short is safer than
-# overfitting (sparse LR at 8 workers × 5 epochs, when it combined by the mean: log-loss
-# 0.585; best 0.50).
+# stop.max_epochs when unset and the data has a validation split: a backstop, times the
+# initial workers (at P workers an epoch does 1/P to 1 epochs of one worker's work under
+# sync.combine mean), since early stopping ends a job first. Without a validation split
+# each model's row of the catalogue says.
 MAX_EPOCHS_WITH_VAL = 100
-MAX_EPOCHS_WITHOUT_VAL = {"pmf": 30, "sparse_lr": 5, "lr": 10}
+# stop.eval_every when unset and stop.target_val is set but the data has no validation
+# split to score once an epoch.
+EVAL_EVERY_WITH_TARGET = 50
+# Fields renamed since earlier releases: a job file with the old name fails, naming the new.
+RENAMED = {("stop", "target_test"): "stop.target_val"}
+
+
+def shown(text: str) -> dict[str, Any]:
+    """A field's default as ``ebb spec`` and ``--help`` show it, when the field's own default
+    (None: "decided later") would say nothing."""
+    return {"shown_default": text}
+
+
+def default_text(info: FieldInfo) -> str:
+    """What a field's default is, in words: its value, or the rule that decides it."""
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    if "shown_default" in extra:
+        return str(extra["shown_default"])
+    value = info.get_default(call_default_factory=True)
+    if value is None or value == []:
+        return "unset" if value is None else "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return yaml.safe_dump(value, default_flow_style=True, width=1000).strip().removesuffix("...").strip()
+
+
+def field_default(model: type[BaseModel], name: str) -> Any:
+    """The default of field ``name`` of ``model``: for code that shares a spec's default."""
+    return model.model_fields[name].get_default(call_default_factory=True)
 
 
 class _Strict(BaseModel):
@@ -82,18 +58,28 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
 
 
-class HyperParams(_Strict):
-    """Model and optimiser settings; unset ones take the model's default (MODEL_DEFAULTS)."""
+_ADAM_LR = "; ".join(f"{m} with adam {row.adam_lr:g}" for m, row in CATALOGUE.items() if row.adam_lr)
 
-    rank: int | None = Field(None, ge=1, le=1024, description="PMF latent dimension")
-    lr: float | None = Field(None, gt=0, le=100, description="learning rate")
+
+class HyperParams(_Strict):
+    """Model and optimiser settings; unset ones take the model's default (the model catalogue)."""
+
+    rank: int | None = Field(None, ge=1, le=1024, description="PMF latent dimension",
+                             json_schema_extra=shown(per_model_hyper("rank")))
+    lr: float | None = Field(None, gt=0, le=100, description="learning rate",
+                             json_schema_extra=shown(f"{per_model_hyper('lr')}; {_ADAM_LR}"))
     optimizer: Literal["sgd_momentum", "adam"] | None = Field(
-        None, description=f"pmf: sgd_momentum | adam (lazy, lr {PMF_ADAM_LR:g}); LR: adam")
-    momentum: float | None = Field(None, ge=0, lt=1, description="Nesterov momentum (PMF, sgd_momentum)")
-    l2: float | None = Field(None, ge=0, description="L2 regularisation")
-    init_std: float | None = Field(None, gt=0, le=10, description="std of the initial factors (PMF)")
+        None, description="sgd_momentum (Nesterov) | adam (lazy: only the rows a step touches); PMF offers both",
+        json_schema_extra=shown(per_model("optimizer")))
+    momentum: float | None = Field(None, ge=0, lt=1, description="Nesterov momentum (PMF, sgd_momentum)",
+                                   json_schema_extra=shown(per_model_hyper("momentum")))
+    l2: float | None = Field(None, ge=0, description="L2 regularisation",
+                             json_schema_extra=shown(per_model_hyper("l2")))
+    init_std: float | None = Field(None, gt=0, le=10, description="std of the initial factors (PMF)",
+                                   json_schema_extra=shown(per_model_hyper("init_std")))
     lr_decay: float | None = Field(None, gt=0, le=1, description="learning rate × this every epoch at one worker's "
-                                     "pace (steps: minibatches, / workers under sync.combine sum)")
+                                   "pace (steps: minibatches, / workers under sync.combine sum)",
+                                   json_schema_extra=shown(per_model_hyper("lr_decay")))
 
 
 class SyncSpec(_Strict):
@@ -101,17 +87,16 @@ class SyncSpec(_Strict):
 
     mode: Literal["bsp", "ssp", "isp"] = Field("isp", description="bsp | ssp | isp")
     significance: float | None = Field(None, ge=0, description="ISP v: an entry is sent when |δ_i|/|x_i| > "
-                                       "v/sqrt(t); 0 = BSP exactly (default: " + ", ".join(
-                                           f"{m} {v:g}" for m, v in SIGNIFICANCE_DEFAULTS.items()) + ")")
+                                       "v/sqrt(t); 0 = BSP exactly",
+                                       json_schema_extra=shown(per_model("significance")))
     slack: int = Field(3, ge=0, le=1000, description="SSP: how many steps ahead of the slowest worker a worker "
                        "may run")
     quantize: bool = Field(True, description="ISP (v > 0): int8 values with a per-row scale; the rounding stays "
                            "pending")
     combine: Literal["mean", "sum"] | None = Field(
         None, description="a step moves a row by the mean of its touchers' proposals or by their sum (as if taken "
-        "in turn); default " + ", ".join(
-            f"{m} {c}" for m, c in COMBINE_DEFAULTS.items()))
-    sum_cap: int = Field(DEFAULT_SUM_CAP, ge=1, le=10_000, description="combine sum: a row more than this many "
+        "in turn)", json_schema_extra=shown(per_model("combine")))
+    sum_cap: int = Field(8, ge=1, le=10_000, description="combine sum: a row more than this many "
                          "workers touched in a step moves by this many times their mean (lower it to 4 for ISP with "
                          "a high v at 16+ workers)")
 
@@ -122,17 +107,18 @@ class StopSpec(_Strict):
     target_loss: float | None = Field(None, gt=0, description="training loss (RMSE for pmf, log-loss for LR) at or "
                                       "below this ...")
     patience: int = Field(10, ge=1, description='... for this many consecutive steps: "converged"')
-    target_test: float | None = Field(None, gt=0, description="or: the held-out metric (validation if the data has "
-                                      'it, else test) at or below this: "converged"')
-    eval_every: int | None = Field(None, ge=0, description="score the held-out split every N steps (default with a "
-                                   "validation split: an epoch at one worker's pace, as lr_decay; 50 with target_test; "
-                                   "0: never)")
+    target_val: float | None = Field(None, gt=0, description="or: the validation metric (the test split stands in "
+                                     'when the data has no validation split) at or below this: "converged"')
+    eval_every: int | None = Field(None, ge=0, description="score the validation split every N steps (0: never)",
+                                   json_schema_extra=shown("an epoch at one worker's pace, as lr_decay, with a "
+                                                           f"validation split; else {EVAL_EVERY_WITH_TARGET} with "
+                                                           "target_val; else never"))
     patience_evals: int = Field(5, ge=1, description='validation: no better for this many scorings: "early_stopped"')
     min_delta: float = Field(1e-4, ge=0, description="... where better means lower by this share at least")
-    max_epochs: float | None = Field(None, gt=0, description="passes over the training data (default: "
-                                     f"{MAX_EPOCHS_WITH_VAL} × workers with a validation split, where early "
-                                     "stopping ends a job first; without one " + ", ".join(
-                                         f"{m} {n}" for m, n in MAX_EPOCHS_WITHOUT_VAL.items()) + ")")
+    max_epochs: float | None = Field(None, gt=0, description="passes over the training data",
+                                     json_schema_extra=shown(f"{MAX_EPOCHS_WITH_VAL} × workers with a validation "
+                                                             "split, where early stopping ends a job first; without "
+                                                             "one " + per_model("max_epochs_without_val")))
     max_seconds: float = Field(3600, gt=0, description="job time, across rounds")
     budget_usd: float | None = Field(None, gt=0, description="stop before the estimated AWS cost would pass this")
 
@@ -165,7 +151,7 @@ class ScalingSpec(_Strict):
                            "rule; sync.combine mean only)")
 
     @model_validator(mode="after")
-    def _check(self):
+    def _check(self) -> ScalingSpec:
         if self.horizon_s > self.interval_s:
             raise ValueError(f"horizon_s ({self.horizon_s}) must be ≤ interval_s ({self.interval_s})")
         if self.policy == "schedule" and not self.schedule:
@@ -188,32 +174,41 @@ class PrepareSpec(_Strict):
     """How to prepare ``data`` from a raw file when it holds no prepared dataset yet
     (the flags of ``ebb prepare``; on AWS the Prepare state runs it)."""
 
-    format: Literal["movielens", "criteo", "libsvm", "csv"]
+    format: Literal["movielens", "criteo", "libsvm", "csv"] = Field(description="the input's format: MovieLens "
+                                                                    "ratings, Criteo TSV, LibSVM, or CSV with a "
+                                                                    "label column")
     input: str = Field(description="raw input: a local file, s3://bucket/key, or (on AWS) a key in the data bucket")
     test_input: str | None = Field(None, description="a separate test file (else test_fraction of the input)")
     batch_size: int = Field(6250, ge=1, description="rows per minibatch (MLLess: 6,250)")
     test_fraction: float = Field(0.1, ge=0, lt=1, description="share of the rows held out for test")
-    val_fraction: float = Field(DEFAULT_VAL_FRACTION, ge=0, lt=1, description="share held out as a validation "
+    val_fraction: float = Field(0.1, ge=0, lt=1, description="share held out as a validation "
                                 "split (early stopping; 0: none)")
     seed: int = Field(0, description="the shuffle's seed")
     skip_bad_rows: bool = Field(False, description="count and skip malformed rows instead of stopping")
     num_features: int = Field(100_000, ge=1, description="hashing-trick dimension (criteo)")
     numeric_scaling: Literal["log", "minmax"] = Field("log", description="criteo integer columns: log | minmax")
 
+    @model_validator(mode="after")
+    def _check(self) -> PrepareSpec:
+        if self.test_input is None and self.test_fraction + self.val_fraction >= 1:
+            raise ValueError(f"test_fraction + val_fraction must be below 1, got {self.test_fraction} + "
+                             f"{self.val_fraction}")
+        return self
+
 
 class AwsSpec(_Strict):
     """What the job runs on AWS (and what the cost model prices, locally too)."""
 
     memory_mb: int = Field(1769, ge=128, le=10240, description="Lambda memory per worker (1769 MB = one vCPU)")
-    supervisor_memory_mb: int = Field(512, ge=128, le=10240, description="the supervisor's")
-    part_cache_mb: int | None = Field(None, ge=0, description="minibatches a worker keeps decoded in memory "
-                                      "(default: a quarter of memory_mb; 0: none)")
+    supervisor_memory_mb: int = Field(1024, ge=128, le=10240, description="the supervisor's (the deployment's "
+                                      "default, cdk.json ebb:supervisorMemoryMb)")
+    part_cache_mb: int | None = Field(None, ge=0, description="minibatches a worker keeps decoded in memory, MB "
+                                      "(0: none)", json_schema_extra=shown("a quarter of memory_mb"))
     arch: Literal["x86_64", "arm64"] = Field("x86_64", description="x86_64 | arm64")
     cache_node_type: str = Field("cache.t4g.medium", description="the cache's node type")
     cache_nodes: int = Field(1, ge=1, description="and its nodes")
     signal_channel: Literal["redis", "sns_sqs"] = Field("redis", description="redis | sns_sqs (one job at a time "
                                                         "per deployment)")
-
 
     def part_cache_bytes(self) -> int:
         """A worker's budget for decoded minibatches, in bytes."""
@@ -243,13 +238,15 @@ class JobSpec(_Strict):
     """A training job: every field, with its default (``ebb spec`` prints them all)."""
 
     name: str = Field(default_factory=lambda: f"job-{uuid.uuid4().hex[:8]}", pattern=r"^[A-Za-z0-9_.-]{1,64}$",
-                      description="outputs go to runs/<name> unless `out` is set (default: random)")
-    model: ModelName = Field("pmf", description="pmf (ratings) | sparse_lr (Criteo, LibSVM) | lr (dense CSV)")
+                      description="the job's name; outputs go to runs/<name> unless `out` is set",
+                      json_schema_extra=shown("job-<random>"))
+    model: ModelName = Field("pmf", description=" | ".join(f"{m} ({row.reads})" for m, row in CATALOGUE.items()))
     data: str = Field(description="prepared dataset: a folder or s3://bucket/prefix (from `ebb prepare`)",
                       json_schema_extra={"example": "data/ratings"})
     prepare: PrepareSpec | None = Field(None, description="prepare `data` from a raw file first if it is not "
                                         "prepared: {format, input, batch_size, test_fraction, ...} as ebb prepare")
-    out: str | None = Field(None, description="output folder or s3://bucket/prefix (default runs/<name>)")
+    out: str | None = Field(None, description="output folder or s3://bucket/prefix",
+                            json_schema_extra=shown("runs/<name>"))
     seed: int = Field(0, description="initial model and minibatch order")
     workers: int = Field(1, ge=1, le=256, description="workers at the start")
     hyper: HyperParams = Field(default_factory=HyperParams)
@@ -264,28 +261,29 @@ class JobSpec(_Strict):
     round_seconds: float = Field(840, gt=0, description="training time per round, then checkpoint and resume in "
                                  "fresh processes (Lambda: also the function's timeout less a margin)")
     round_steps: int | None = Field(None, ge=2, description="at most this many steps per round (reproducible "
-                                    "cuts; under SSP a round runs at least slack + 2)")
+                                    "cuts; under SSP a round runs at least slack + 2)",
+                                    json_schema_extra=shown("no limit"))
 
     @model_validator(mode="after")
-    def _fill_defaults(self):
-        default_optimizer = OPTIMIZER_DEFAULTS[self.model]
+    def _fill_defaults(self) -> JobSpec:
+        row = entry(self.model)
         if self.hyper.optimizer is None:
-            self.hyper.optimizer = default_optimizer
-        elif self.model != "pmf" and self.hyper.optimizer != default_optimizer:
-            raise ValueError(f"hyper.optimizer: model {self.model} trains with {default_optimizer} only")
-        if self.model == "pmf" and self.hyper.optimizer == "adam" and self.hyper.lr is None:
-            self.hyper.lr = PMF_ADAM_LR
+            self.hyper.optimizer = row.optimizer
+        elif self.hyper.optimizer not in row.optimizers:
+            raise ValueError(f"hyper.optimizer: model {self.model} trains with {' or '.join(row.optimizers)} only")
+        if self.hyper.optimizer == "adam" and row.adam_lr is not None and self.hyper.lr is None:
+            self.hyper.lr = row.adam_lr
         if self.sync.combine is None:
-            self.sync.combine = COMBINE_DEFAULTS[self.model]
+            self.sync.combine = row.combine
         if self.sync.significance is None:
-            self.sync.significance = SIGNIFICANCE_DEFAULTS[self.model]
-        for key, value in MODEL_DEFAULTS[self.model].items():
+            self.sync.significance = row.significance
+        for key, value in row.hyper.items():
             if getattr(self.hyper, key) is None:
                 setattr(self.hyper, key, value)
         if self.scaling.min_workers > self.workers:
             self.scaling.min_workers = self.workers
-        if self.stop.target_test is not None and self.stop.eval_every is None:
-            self.stop.eval_every = 50
+        if self.stop.target_val is not None and self.stop.eval_every is None:
+            self.stop.eval_every = EVAL_EVERY_WITH_TARGET
         if self.sync.mode == "ssp" and self.scaling.policy != "none" and self.workers > 1:
             raise ValueError("scaling.policy must be 'none' with sync.mode 'ssp' (workers change only at a barrier)")
         return self
@@ -294,7 +292,12 @@ class JobSpec(_Strict):
         """``stop.max_epochs``, or its default for data with (or without) a validation split."""
         if self.stop.max_epochs is not None:
             return self.stop.max_epochs
-        return MAX_EPOCHS_WITH_VAL * self.workers if has_val else MAX_EPOCHS_WITHOUT_VAL[self.model]
+        return MAX_EPOCHS_WITH_VAL * self.workers if has_val else entry(self.model).max_epochs_without_val
+
+    @property
+    def effective_sync_mode(self) -> str:
+        """The sync model the workers run: a job that starts alone (and never grows) is BSP."""
+        return self.sync.mode if self.workers > 1 or self.scaling.policy == "schedule" else "bsp"
 
     @property
     def out_location(self) -> str:
@@ -306,8 +309,6 @@ def example_yaml() -> str:
     """Every field of a job file with its default and what it means, as YAML (``ebb spec``,
     the README): generated from the spec itself, so the two never disagree."""
     lines: list[str] = []
-    per_model = "; ".join(f"{m}: " + ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
-                                               for k, v in d.items()) for m, d in MODEL_DEFAULTS.items())
 
     def add(text: str, note: str) -> None:
         if not note:
@@ -322,15 +323,16 @@ def example_yaml() -> str:
         for name, info in model.model_fields.items():
             value = info.get_default(call_default_factory=True)
             extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-            value = "my-job" if name == "name" else extra.get("example", value)
             if isinstance(value, BaseModel):
                 add(f"{indent}{name}:", (type(value).__doc__ or "").strip().splitlines()[0])
-                if type(value) is HyperParams:
-                    add(f"{indent}  # {per_model}", "")
                 emit(type(value), indent + "  ")
                 continue
+            note = info.description or ""
+            if "shown_default" in extra and name != "name":
+                note += f" (default: {extra['shown_default']})"
+            value = "my-job" if name == "name" else extra.get("example", value)
             text = yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
-            add(f"{indent}{name}: {text.removesuffix('...').strip()}", info.description or "")
+            add(f"{indent}{name}: {text.removesuffix('...').strip()}", note)
 
     emit(JobSpec, "")
     return "\n".join(line.rstrip() for line in lines) + "\n"
@@ -340,11 +342,14 @@ class SpecError(ValueError):
     """A job spec problem, already phrased as ``file:line: field: what is wrong``."""
 
 
-def _key_lines(text: str) -> dict[tuple, int]:
-    """Map each mapping key path in a YAML document to its 1-based line."""
-    lines: dict[tuple, int] = {}
+Path_ = tuple[str | int, ...]
 
-    def walk(node, path):
+
+def _key_lines(text: str) -> dict[Path_, int]:
+    """Map each mapping key path in a YAML document to its 1-based line."""
+    lines: dict[Path_, int] = {}
+
+    def walk(node: yaml.Node, path: Path_) -> None:
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:
                 p = path + (key.value,)
@@ -361,16 +366,40 @@ def _key_lines(text: str) -> dict[tuple, int]:
     return lines
 
 
-def _set_path(doc: dict, dotted: str, value: Any) -> None:
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """``"stop.patience_evals=8"`` -> ``("stop.patience_evals", 8)``: a dotted field and a
+    value read as YAML (``8`` an int, ``0.5`` a float, ``true``, ``null``, ``[1, 2]``)."""
+    field, sep, raw = text.partition("=")
+    field = field.strip()
+    if not sep or not field or any(not part for part in field.split(".")):
+        raise SpecError(f"command line: --set {text}: expected FIELD=VALUE, e.g. stop.patience_evals=8")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        why = getattr(exc, "problem", exc)
+        raise SpecError(f"command line: {field}: {raw!r} is not a YAML value ({why})") from None
+    return field, value
+
+
+def _set_path(doc: dict[str, Any], dotted: str) -> tuple[dict[str, Any], str]:
+    """The mapping that holds ``dotted``'s last part (made on the way), and that part."""
     node = doc
     *parents, leaf = dotted.split(".")
-    for p in parents:
-        node = node.setdefault(p, {})
-    node[leaf] = value
+    for depth, part in enumerate(parents):
+        child = node.setdefault(part, {})
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            where = ".".join(parents[: depth + 1])
+            raise SpecError(f"command line: {dotted}: {where} is a value, not a section of fields")
+        node = child
+    return node, leaf
 
 
-def load_spec(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> JobSpec:
-    """Read a YAML job file (optional), apply ``{"dotted.field": value}`` overrides, validate."""
+def load_spec(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
+              assignments: list[str] | tuple[str, ...] = ()) -> JobSpec:
+    """Read a YAML job file (optional), apply ``{"dotted.field": value}`` overrides (flags;
+    None: not given) and then ``FIELD=VALUE`` assignments (``--set``; ``null`` unsets), validate."""
     text, source = "", "<flags>"
     if path is not None:
         source = str(path)
@@ -387,34 +416,40 @@ def load_spec(path: str | Path | None = None, overrides: dict[str, Any] | None =
     if doc is None:
         doc = {}
     lines = _key_lines(text) if text else {}
-    overridden = set()
+    overridden: set[Path_] = set()
     if isinstance(doc, dict):
-        for dotted, value in (overrides or {}).items():
-            if value is not None:
-                _set_path(doc, dotted, value)
-                overridden.add(tuple(dotted.split(".")))
+        given = [(dotted, value) for dotted, value in (overrides or {}).items() if value is not None]
+        for dotted, value in given + [parse_assignment(a) for a in assignments]:
+            node, leaf = _set_path(doc, dotted)
+            node[leaf] = value
+            overridden.add(tuple(dotted.split(".")))
     return parse_spec(doc, source, lines=lines, overridden=overridden)
 
 
-def parse_spec(doc: Any, source: str, *, lines: dict[tuple, int] | None = None,
-               overridden: set[tuple] | frozenset = frozenset()) -> JobSpec:
+def parse_spec(doc: Any, source: str, *, lines: dict[Path_, int] | None = None,
+               overridden: set[Path_] | frozenset[Path_] = frozenset()) -> JobSpec:
     """Validate a job document (a parsed YAML file, or a state machine's JSON input);
     a problem is a SpecError naming ``source`` (and the line, when known) and the field."""
     if not isinstance(doc, dict):
         raise SpecError(f"{source}:1: a job file is a mapping of fields, got {type(doc).__name__}")
     lines = lines or {}
+
+    def where(loc: Path_) -> str:
+        if loc and any(loc[: len(o)] == o or o[: len(loc)] == loc for o in overridden):
+            return "command line"
+        line = next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), None)
+        return f"{source}:{line}" if line else source
+
+    for (section, old), new in RENAMED.items():
+        if isinstance(doc.get(section), dict) and old in doc[section]:
+            raise SpecError(f"{where((section, old))}: {section}.{old}: renamed to {new}")
     try:
         return JobSpec.model_validate(doc)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err["loc"])
         field = ".".join(str(p) for p in loc) or "(job)"
-        if loc in overridden:
-            where = "command line"
-        else:
-            line = next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), None)
-            where = f"{source}:{line}" if line else source
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
-        raise SpecError(f"{where}: {field}: {msg}") from None
+        raise SpecError(f"{where(loc)}: {field}: {msg}") from None

@@ -82,11 +82,16 @@ def test_zip_functions_carry_the_light_package_and_the_layer(default):
             "ebb/spec.py",
             "ebb/cost/model.py",
             "ebb/cost/prices.json",
-            "ebb/stores/base.py",
+            "ebb/catalogue.py",
+            "ebb/ports/objects.py",
+            "ebb/ports/keys.py",
+            "ebb/ports/messages.py",
         ):
             assert (code / kept).is_file(), kept
-        # Of the engine only its checkpoint layout (on_failure reads the last complete round).
-        assert sorted(p.name for p in (code / "ebb/engine").iterdir()) == ["__init__.py", "checkpoint.py"]
+        # Of the engine only its checkpoint layout and the supervisor's typed state (on_failure
+        # reads the last complete round's).
+        assert sorted(p.name for p in (code / "ebb/engine").iterdir()) == [
+            "__init__.py", "checkpoint.py", "errors.py", "state.py"]
         for dropped in (
             "ebb/models",
             "ebb/autotune",
@@ -94,6 +99,7 @@ def test_zip_functions_carry_the_light_package_and_the_layer(default):
             "ebb/local",
             "ebb/sparse.py",
             "ebb/cli.py",
+            "ebb/flags.py",
             "ebb/stores/redis_store.py",
             "Dockerfile",
             "requirements-image.txt",

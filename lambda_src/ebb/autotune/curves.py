@@ -32,9 +32,8 @@ _MIN_DENOMINATOR = 1e-12
 # How many of the best grid starts are refined by the non-linear solver.
 _REFINED_STARTS = 3
 # Solver evaluations per start. The supervisor fits in its step loop, so a fit must stay
-# well inside a worker's patience even on a loaded host: at 500 evaluations and 1e-10
-# tolerances a fit of a few dozen noisy points took up to 1 s (and over 16 s on a host
-# at load 70, which made the waiting workers give the supervisor up).
+# well inside a worker's patience even on a loaded host (a few hundred evaluations with
+# tight tolerances took seconds there, and the waiting workers gave the supervisor up).
 _MAX_EVALUATIONS = 100
 # Candidate asymptotes θ3, as fractions of the smallest observed (normalised) loss.
 _ASYMPTOTE_FRACTIONS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.995)

@@ -19,11 +19,11 @@ analytic bend (the step where |L'| falls to ``tolerance ×`` its maximum), late 
 filters' lag plus ``patience`` (about 10 to 50 steps with the defaults).
 
 Defaults: ``alpha=0.1`` (a ~10-step memory, enough to average minibatch noise),
-``tolerance=0.1`` (flat = the descent has slowed to a tenth of its steepest rate: on a
-``1/(at+b)`` curve about 70 % of the drop is done, on an exponential 90 %),
-``patience=5`` consecutive steps, ``min_steps=20`` steps of warm-up, ``min_drop=0.05``
-(no knee before the smoothed loss has fallen 5% below its level after the warm-up, so an
-early plateau is not taken for it).
+``min_steps=20`` steps of warm-up; ``tolerance`` (flat = the descent has slowed to this
+share of its steepest rate: at 0.1, on a ``1/(at+b)`` curve about 70 % of the drop is done,
+on an exponential 90 %), ``patience`` and ``min_drop`` (no knee before the smoothed loss
+has fallen this share below its level after the warm-up, so an early plateau is not taken
+for it) default to the job spec's ``scaling.knee_*``.
 
 ``KneeDetector`` does this incrementally (O(1) per step, JSON-able state) for the
 supervisor; ``find_knee`` runs it over a whole history.
@@ -36,18 +36,20 @@ from collections.abc import Iterable
 import numpy as np
 from scipy.signal import lfilter
 
+from ebb.spec import ScalingSpec
+
 MEDIAN_WINDOW = 5
+_SPEC = ScalingSpec()  # the tuner's defaults live in the job spec (``ebb spec``, scaling.*)
 
 DEFAULT_ALPHA = 0.1
-DEFAULT_TOLERANCE = 0.1
-DEFAULT_PATIENCE = 5
+DEFAULT_TOLERANCE = _SPEC.knee_tolerance
+DEFAULT_PATIENCE = _SPEC.knee_patience
 DEFAULT_MIN_STEPS = 20
-# A loss can stall before its real descent: PMF at MovieLens-10M shape falls from 1.11 to
-# 1.00 in 30 steps, stays there until step ~120 while the factors grow out of their small
-# initialisation, then falls to 0.58 by step ~400. With 1% the plateau at step 69 passed
-# for the knee, and the auto-tuner evicted 3 of 8 workers 7 s into a 236 s job. The real
-# knees of every benchmark job come after drops of 25-50%, so 5% only removes plateaus.
-DEFAULT_MIN_DROP = 0.05
+# A loss can stall before its real descent (PMF at MovieLens-10M shape sits on a plateau
+# while its factors grow out of their small initialisation): a flat stretch is a knee only
+# after the loss has fallen by this share. The benchmarks' real knees come after much
+# larger drops (docs/RESULTS.md, "The auto-tuner").
+DEFAULT_MIN_DROP = _SPEC.knee_min_drop
 
 
 class _Ewma:

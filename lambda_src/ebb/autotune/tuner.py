@@ -1,4 +1,5 @@
-"""The scale-in auto-tuner (MLLess §4.2; DESIGN §4): when to remove one more worker.
+"""The scale-in auto-tuner (MLLess §4.2; docs/ARCHITECTURE.md, "The scale-in auto-tuner"):
+when to remove one more worker.
 
 The supervisor calls ``observe`` once per completed step and ``decide`` right after; a
 returned reason string means "evict one worker now". Which worker goes is the
@@ -29,8 +30,8 @@ throughput after it, in minibatches per second ``(p − 1)/d_{p−1}``, to stay 
 the step durations measured at each fleet size so far (a straight line in p: a worker
 reads every peer's updates). s_Δ compares fitted curves extrapolated past the knee, and
 on a fleet where every worker owns its CPU a sparse model's progress follows the
-minibatches it processes: there s_Δ stayed below S down to ``min_workers`` while the
-time to target grew by a third (docs/RESULTS.md, "The auto-tuner on the fleet clock").
+minibatches it processes: there s_Δ can stay below S down to ``min_workers`` while the
+time to target grows (docs/RESULTS.md has the runs).
 The guard keeps the evictions that cost (almost) no throughput — the workers a fleet has
 beyond the point where its step time grows as fast as its size — and refuses the rest.
 """
@@ -41,31 +42,28 @@ import math
 
 import numpy as np
 
+from ebb.spec import ScalingSpec
+
 from .curves import LocalCurve, ReferenceCurve, fit_local, fit_reference
 from .knee import DEFAULT_ALPHA, DEFAULT_MIN_DROP, DEFAULT_PATIENCE, DEFAULT_TOLERANCE, KneeDetector, smooth_points
 
-# Default tolerance S. s_Δ is relative to the *absolute* loss, which includes the
-# irreducible floor θ3 (BCE ~0.45, RMSE ~0.55): after the knee the whole remaining
-# improvement is often only a few percent of the loss, so S must be small. But right
-# after an eviction a fleet that keeps pace still shows s_Δ ≈ 1% on the benchmark's
-# PMF and sparse-LR runs (fit noise), so S = 0.01 turned every such decision into a
-# coin flip (PMF: 1.37× and 1.67× Perf/$ in two identical invocations). At 0.02 the
-# tuner still refuses fleets that fall behind (sparse LR stopped at 3 workers with
-# s_Δ ≈ 0.021) and evicts steadily otherwise. MLLess's own example uses 15%.
-DEFAULT_S = 0.02
+_SPEC = ScalingSpec()  # the tuner's defaults live in the job spec (``ebb spec``, scaling.*)
 
-# Fitting L_P at the knee weights the point at step t by (t / t_knee)^k with this k.
-# Fitted to the whole history with equal weights, the steep early part sets the curve's
-# shape and its extrapolation past the knee drifts: on the benchmark's 8-worker runs that
-# never scaled in, it sat 1.0–2.2% below the actual loss at 1.5–2× the knee step for
-# sparse LR (so even the full fleet would have "lagged" by more than S) and 3.4% above
-# it for PMF. With k = 2 it was within 0.4% for both, and closer on exact synthetic
-# curves too (k = 1: up to 1.9%; k = 4: 4.6% for PMF).
+# Tolerance S. s_Δ is relative to the *absolute* loss, which includes the irreducible
+# floor, so after the knee the whole remaining improvement is a few percent of it and S
+# must be small; but fit noise alone puts s_Δ near 1% right after an eviction, so S must
+# sit above that or each decision is a coin flip (docs/RESULTS.md, "The auto-tuner").
+DEFAULT_S = _SPEC.tolerance
+
+# Fitting L_P at the knee weights the point at step t by (t / t_knee)^k with this k:
+# fitted with equal weights, the steep early part sets the curve's shape and its
+# extrapolation past the knee drifts by more than S; k = 2 kept it within a fraction of a
+# percent on the benchmark's runs and on exact synthetic curves (docs/RESULTS.md).
 DEFAULT_REFERENCE_RECENCY = 2.0
 
-# Default throughput tolerance: the time to target can grow by at most about
-# 1/(1 − 0.1) on the part of the job after the knee, inside the 10% the scale-in may cost.
-DEFAULT_THROUGHPUT_TOLERANCE = 0.1
+# Throughput tolerance: the time to target may grow by at most about 1/(1 − this) on the
+# part of the job after the knee.
+DEFAULT_THROUGHPUT_TOLERANCE = _SPEC.throughput_tolerance
 
 # Steps a fleet size needs before its mean step duration counts (durations vary far
 # less than losses do, so fewer than the fits' min_fit_points).
@@ -98,8 +96,8 @@ class ScaleInTuner:
     def __init__(
         self,
         *,
-        interval_s: float = 20.0,
-        horizon_s: float = 10.0,
+        interval_s: float = _SPEC.interval_s,
+        horizon_s: float = _SPEC.horizon_s,
         tolerance: float = DEFAULT_S,
         knee_alpha: float = DEFAULT_ALPHA,
         knee_tolerance: float = DEFAULT_TOLERANCE,

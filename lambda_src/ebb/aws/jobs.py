@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ebb.aws.config import AwsConfig
+from ebb.ports.keys import PROGRESS_KEY
+from ebb.ports.objects import ObjectStore
 from ebb.spec import JobSpec
 from ebb.stores import open_object_store
-from ebb.stores.base import ObjectStore
-
-PROGRESS_KEY = "progress.json"
 
 
 def spec_key(job_id: str) -> str:

@@ -4,7 +4,8 @@ would need the supervisor to invoke the worker function; Validate refuses such s
 
 from __future__ import annotations
 
-from ebb.engine.worker import EngineError, WorkerStart
+from ebb.engine.errors import EngineError
+from ebb.ports.launcher import WorkerStart
 
 
 class MapLauncher:

@@ -55,8 +55,8 @@ class CloudWatchSink:
                 m.add_metric("ComputeSeconds", MetricUnit.Seconds, sum(timing.get(k, 0.0) for k in _COMPUTE))
                 m.add_metric("CommSeconds", MetricUnit.Seconds, sum(timing.get(k, 0.0) for k in _COMM))
                 m.add_metric("WaitSeconds", MetricUnit.Seconds, timing.get("wait", 0.0))
-            if r.get("test") is not None:
-                m.add_metric("TestMetric", MetricUnit.NoUnit, r["test"])
+            if r.get("val") is not None:
+                m.add_metric("TestMetric", MetricUnit.NoUnit, r["val"])
         m.add_metadata("model", self.job.spec.model)
         m.flush_metrics()
         self.last = self.pending[-1]

@@ -16,6 +16,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ebb.spec import AwsSpec, field_default
+
+# The supervisor's memory when a usage or profile does not say: the job spec's default,
+# which is the deployment's (cdk.json ebb:supervisorMemoryMb).
+SUPERVISOR_MEMORY_MB: int = field_default(AwsSpec, "supervisor_memory_mb")
 # Lambda allocates CPU in proportion to memory; 1,769 MB buys one full vCPU.
 MB_PER_VCPU = 1769
 # SNS publishes and SQS requests are billed per 64 KB chunk of payload.
@@ -152,7 +157,7 @@ class Usage:
     worker_seconds: float = 0.0
     memory_mb: int = MB_PER_VCPU
     supervisor_seconds: float = 0.0
-    supervisor_memory_mb: int = 1024
+    supervisor_memory_mb: int = SUPERVISOR_MEMORY_MB
     arch: str = "x86_64"
     invocations: int = 0
     wall_seconds: float = 0.0
@@ -283,8 +288,8 @@ class Profile:
     takes at ``workers``. ``work``: "epochs" if the job processes a fixed amount of data
     (the per-worker batch is fixed, so steps scale as 1/workers), "steps" if the step
     count is fixed. ``startup_s``: per-round start-up (cold start, loading state).
-    ``round_s``: length of one Lambda round (DESIGN §6). ``requests_per_worker_step``:
-    metered request counts per worker per step (keys of ``Usage``: sns_chunks,
+    ``round_s``: length of one Lambda round (docs/ARCHITECTURE.md, "Rounds and checkpoints").
+    ``requests_per_worker_step``: metered request counts per worker per step (keys of ``Usage``: sns_chunks,
     sqs_chunks, s3_get, s3_put, s3_list, cache_ecpu). ``transitions_per_worker_round``:
     Step Functions transitions per worker per round (Map iterations and their states).
     """
@@ -299,7 +304,7 @@ class Profile:
     startup_s: float = 0.0
     round_s: float = 840.0
     arch: str = "x86_64"
-    supervisor_memory_mb: int = 1024
+    supervisor_memory_mb: int = SUPERVISOR_MEMORY_MB
     cache_node_type: str | None = None
     cache_nodes: int = 0
     requests_per_worker_step: dict[str, float] = field(default_factory=dict)

@@ -1,4 +1,5 @@
-"""On-store layout of a prepared dataset: minibatch parts plus ``manifest.json``.
+"""On-store layout of a prepared dataset: minibatch parts plus ``manifest.json``
+(``ebb.ports.manifest`` describes and reads the manifest; ``ebb.ports.keys`` names the keys).
 
 A prepared dataset is a prefix in an object store holding::
 
@@ -21,25 +22,15 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import numpy as np
 
-MANIFEST_KEY = "manifest.json"
 KINDS = ("ratings", "sparse", "dense")
-SPLITS = ("train", "val", "test")
 BATCH_ARRAYS = {
     "ratings": ("user", "item", "rating"),
     "sparse": ("label", "indptr", "indices", "values"),
     "dense": ("label", "x"),
 }
-
-
-def part_key(split: str, index: int) -> str:
-    """Object key of minibatch ``index`` of ``split`` ("train", "val" or "test")."""
-    return f"{split}/part-{index:06d}"
 
 
 def encode_batch(arrays: dict[str, np.ndarray]) -> bytes:
@@ -76,49 +67,3 @@ def batch_rows(arrays: dict[str, np.ndarray]) -> int:
     if "rating" in arrays:
         return int(arrays["rating"].shape[0])
     return int(arrays["label"].shape[0])
-
-
-@dataclass
-class PartInfo:
-    key: str
-    rows: int
-    sha256: str
-
-
-@dataclass
-class SplitInfo:
-    rows: int = 0
-    parts: list[PartInfo] = field(default_factory=list)
-
-
-@dataclass
-class Manifest:
-    """What a prepared dataset holds; written last, so its presence means complete."""
-
-    format: str  # movielens | criteo | libsvm | csv
-    kind: str  # ratings | sparse | dense
-    batch_size: int
-    seed: int
-    train: SplitInfo
-    test: SplitInfo
-    # Held out for choosing hyper-parameters and when to stop; empty unless prepared with
-    # a validation fraction (manifests written before it existed have none).
-    val: SplitInfo = field(default_factory=SplitInfo)
-    num_users: int = 0  # ratings
-    num_items: int = 0  # ratings
-    num_features: int = 0  # sparse / dense
-    stats: dict[str, Any] = field(default_factory=dict)  # e.g. rating_mean, label_mean
-    source: dict[str, Any] = field(default_factory=dict)  # input paths, options, skipped rows
-    version: int = 1
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> Manifest:
-        raw = json.loads(text)
-        for split in SPLITS:
-            if split in raw:  # no "val" in manifests written before it existed
-                s = raw[split]
-                raw[split] = SplitInfo(rows=s["rows"], parts=[PartInfo(**p) for p in s["parts"]])
-        return cls(**raw)

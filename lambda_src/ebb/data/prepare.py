@@ -28,18 +28,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from ebb.data.format import (
-    MANIFEST_KEY,
-    SPLITS,
-    Manifest,
-    PartInfo,
-    SplitInfo,
-    batch_rows,
-    checksum,
-    decode_batch,
-    encode_batch,
-    part_key,
-)
+from ebb.data.format import batch_rows, checksum, decode_batch, encode_batch
 from ebb.data.readers import (
     CRITEO_NUMERIC,
     KEEP_BAD_ROWS,
@@ -52,9 +41,15 @@ from ebb.data.readers import (
     LibSVMReader,
     MovieLensReader,
 )
-from ebb.stores.base import ObjectStore
+from ebb.ports.keys import MANIFEST_KEY, part_key
+from ebb.ports.manifest import SPLITS, Manifest, PartInfo, SplitInfo
+from ebb.ports.objects import ObjectStore
+from ebb.spec import PrepareSpec, field_default
 
 FORMAT_KINDS = {"movielens": "ratings", "criteo": "sparse", "libsvm": "sparse", "csv": "dense"}
+# prepare_dataset's defaults are the job spec's (``ebb prepare``, a job's prepare section).
+_DEFAULT = {name: field_default(PrepareSpec, name) for name in PrepareSpec.model_fields
+            if not PrepareSpec.model_fields[name].is_required()}
 DEFAULT_BUCKET_BYTES = 64 << 20
 MAX_BUCKETS = 4096
 PROGRESS_EVERY = 100_000
@@ -389,13 +384,13 @@ def prepare_dataset(
     store: ObjectStore,
     *,
     test_input: str | os.PathLike | None = None,
-    batch_size: int = 6250,
-    test_fraction: float = 0.1,
-    val_fraction: float = 0.0,
-    seed: int = 0,
-    skip_bad_rows: bool = False,
-    num_features: int = 100_000,
-    numeric_scaling: str = "log",
+    batch_size: int = _DEFAULT["batch_size"],
+    test_fraction: float = _DEFAULT["test_fraction"],
+    val_fraction: float = _DEFAULT["val_fraction"],
+    seed: int = _DEFAULT["seed"],
+    skip_bad_rows: bool = _DEFAULT["skip_bad_rows"],
+    num_features: int = _DEFAULT["num_features"],
+    numeric_scaling: str = _DEFAULT["numeric_scaling"],
     progress: Progress | None = None,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     tmp_dir: str | os.PathLike | None = None,
@@ -407,13 +402,13 @@ def prepare_dataset(
     ``fmt`` is movielens | criteo | libsvm | csv. The test split is ``test_input`` when
     given (MovieLens rows of users/items unseen in training are dropped and counted),
     else the last ``test_fraction`` of the shuffled rows. The validation split is the
-    ``val_fraction`` of the input's shuffled rows just before the test rows (none by
-    default): no row is in two splits, and the test split does not depend on it.
-    ``num_features`` (hashing
-    dimension) and ``numeric_scaling`` (log | minmax | none) apply to Criteo; LibSVM's
-    dimension is its largest index + 1; CSV features are min-max scaled with the
-    range of ``input_path``. ``bucket_bytes`` is the input per shuffle bucket (memory bound);
-    ``progress(rows, note)`` is called about every 100k rows. Deterministic for a given
+    ``val_fraction`` of the input's shuffled rows just before the test rows: no row is in
+    two splits, and the test split does not depend on it. The defaults are the job spec's
+    (``ebb.spec.PrepareSpec``). ``num_features`` (hashing dimension) and ``numeric_scaling``
+    (log | minmax | none) apply to Criteo; LibSVM's dimension is its largest index + 1; CSV
+    features are min-max scaled with the range of ``input_path``. ``bucket_bytes`` is the
+    input per shuffle bucket (memory bound); ``progress(rows, note)`` is called about every
+    100k rows. Deterministic for a given
     input, seed and ``bucket_bytes``. The manifest is written last and returned.
     ``input_name`` and ``test_input_name`` are what the manifest records as the inputs
     (default: their paths), e.g. the ``s3://`` URL a local copy was fetched from.
@@ -549,17 +544,6 @@ def _delete_stale_parts(store: ObjectStore, manifest: Manifest) -> None:
 # -------------------------------------------------------------------------- reading
 
 
-def load_manifest(store: ObjectStore) -> Manifest:
-    """The manifest of the dataset in ``store``; a clear error if there is none."""
-    try:
-        text = store.get(MANIFEST_KEY)
-    except KeyError:
-        raise FileNotFoundError(
-            f"no {MANIFEST_KEY} in the store: the dataset was never prepared, or its preparation did not finish"
-        ) from None
-    return Manifest.from_json(text.decode() if isinstance(text, bytes) else text)
-
-
 def load_part(store: ObjectStore, part: PartInfo) -> dict[str, np.ndarray]:
     """One stored part, decoded after checking its sha256 against the manifest."""
     data = store.get(part.key)
@@ -597,7 +581,8 @@ def prepare_from_spec(prep, store: ObjectStore, progress: Progress | None = None
     """
     from contextlib import ExitStack
 
-    from ebb.stores import is_s3, local_copy
+    from ebb.ports.objects import is_s3
+    from ebb.stores import local_copy
 
     with ExitStack() as fetched:
         local: dict[str, str] = {}

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ebb.data.format import Manifest
+from ebb.ports.manifest import Manifest
 
 # Ratings: std of the planted user and item biases; the factor scale is set so the
 # noiseless part has a total std of about SIGNAL_STD.

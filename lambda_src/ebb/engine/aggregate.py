@@ -16,12 +16,12 @@ in a step where nobody touched it) is divided by 1.
 workers' proposals land as if taken one after another. It suits an optimiser whose
 proposal is a normalised step (Adam: about lr per entry whatever the gradient), where
 the mean of P proposals is one worker's step on the rows every worker touches but a
-full step on a row only one touched (see ``ebb.spec.COMBINE_DEFAULTS``). The sum is
-capped (``sum_cap``, ``sync.sum_cap``): a row more than ``sum_cap`` workers touched in a
-step moves by ``sum_cap`` times their mean. A feature every worker of a 24-worker fleet
-sees would otherwise take 24 Adam steps at once, and sparse LR at the default lr swung
-without converging; at or below ``sum_cap`` workers nothing changes. The default, and
-why, is ``ebb.spec.DEFAULT_SUM_CAP``.
+full step on a row only one touched (each model's choice is in ``ebb.catalogue``). The
+sum is capped (``sum_cap``, ``sync.sum_cap``): a row more than ``sum_cap`` workers touched
+in a step moves by ``sum_cap`` times their mean, since a feature every worker of a large
+fleet sees would otherwise take P Adam steps at once and not converge; at or below
+``sum_cap`` workers nothing changes (docs/ARCHITECTURE.md, "Validation and early
+stopping"; docs/RESULTS.md has the runs behind the default).
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ class RowMean:
             counts = self.counts[name] if divide else None
             touched = [] if counts is None else [
                 t for c in contributions if (t := c.touched_rows(name)) is not None and t.numel()]
-            for rows in touched:
-                counts.index_add_(0, rows, self._ones[: rows.numel()])
+            if counts is not None:
+                for rows in touched:
+                    counts.index_add_(0, rows, self._ones[: rows.numel()])
             for c in contributions:
                 entry = c.rows.get(name)
                 if entry is not None and entry[0].numel():
@@ -75,11 +76,12 @@ class RowMean:
                     if counts is not None:
                         vals = vals / self._divisor(counts, rows)
                     param.view(-1).index_add_(0, flat, vals, alpha=scale)
-            for rows in touched:
-                counts.index_fill_(0, rows, 0.0)
+            if counts is not None:
+                for rows in touched:
+                    counts.index_fill_(0, rows, 0.0)
 
     def _divisor(self, counts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         divisor = counts.index_select(0, rows)
-        if self.per != 1.0:
+        if self.per is not None and self.per != 1.0:
             divisor.div_(self.per)
         return divisor.clamp_(min=1)

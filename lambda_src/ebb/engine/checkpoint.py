@@ -1,4 +1,5 @@
-"""Checkpoints: everything a job needs to carry on in fresh processes (DESIGN §6).
+"""Checkpoints: everything a job needs to carry on in fresh processes (docs/ARCHITECTURE.md,
+"Rounds and checkpoints"; ``ebb.ports.keys`` names the keys).
 
 Layout in the checkpoint store (``OUT/checkpoints`` locally, ``s3://bucket/checkpoints/<job>``
 on AWS)::
@@ -22,34 +23,18 @@ in a ``meta`` byte array.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ebb.stores.base import ObjectStore
+from ebb.engine.errors import CheckpointError
+from ebb.engine.state import SupervisorState
+from ebb.ports.keys import LATEST_KEY, round_of, supervisor_key
+from ebb.ports.objects import ObjectStore
 
 if TYPE_CHECKING:
     import numpy as np
 
-LATEST_KEY = "latest.json"
-SPEC_KEY = "spec.json"
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, or does not belong to this job."""
-
-
-def round_prefix(round_: int) -> str:
-    return f"round-{round_:06d}/"
-
-
-def worker_key(round_: int, worker: int) -> str:
-    return f"{round_prefix(round_)}worker-{worker:06d}.npz"
-
-
-def supervisor_key(round_: int) -> str:
-    return f"{round_prefix(round_)}supervisor.json"
-
-
-def write_worker(store: ObjectStore, key: str, meta: dict, arrays: dict[str, np.ndarray]) -> int:
+def write_worker(store: ObjectStore, key: str, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> int:
     """Write a worker's state; returns its size in bytes."""
     import numpy as np  # here, not above: the light Lambda functions read only the JSON files
 
@@ -60,7 +45,7 @@ def write_worker(store: ObjectStore, key: str, meta: dict, arrays: dict[str, np.
     return len(blob)
 
 
-def read_worker(store: ObjectStore, key: str) -> tuple[dict, dict[str, np.ndarray]]:
+def read_worker(store: ObjectStore, key: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     from ebb.data.format import decode_batch
 
     try:
@@ -71,18 +56,19 @@ def read_worker(store: ObjectStore, key: str) -> tuple[dict, dict[str, np.ndarra
     return meta, arrays
 
 
-def write_supervisor(store: ObjectStore, round_: int, state: dict) -> None:
-    store.put(supervisor_key(round_), json.dumps(state, separators=(",", ":")).encode())
+def write_supervisor(store: ObjectStore, round_: int, state: SupervisorState) -> None:
+    store.put(supervisor_key(round_), state.model_dump_json().encode())
 
 
-def read_supervisor(store: ObjectStore, round_: int) -> dict:
+def read_supervisor(store: ObjectStore, round_: int) -> SupervisorState:
     try:
-        return json.loads(store.get(supervisor_key(round_)))
+        raw = store.get(supervisor_key(round_))
     except KeyError:
         raise CheckpointError(f"checkpoint {supervisor_key(round_)} is missing") from None
+    return SupervisorState.model_validate_json(raw)
 
 
-def latest(store: ObjectStore) -> dict | None:
+def latest(store: ObjectStore) -> dict[str, Any] | None:
     """The last complete round (``{"round", "finished", "workers"}``), or None before the first."""
     try:
         return json.loads(store.get(LATEST_KEY))
@@ -94,5 +80,6 @@ def commit_round(store: ObjectStore, round_: int, *, finished: bool, workers: li
     """Declare round ``round_`` complete (every file of it is written), then drop older rounds."""
     store.put(LATEST_KEY, json.dumps({"round": round_, "finished": finished, "workers": sorted(workers)}).encode())
     for key in store.list("round-"):
-        if not key.startswith(round_prefix(round_)) and int(key[6:12]) < round_:
+        older = round_of(key)
+        if older is not None and older < round_:
             store.delete(key)

@@ -1,31 +1,40 @@
-"""Finalize (DESIGN §1 step 3): merge the final replicas, score the test split, write the
-report, the model and the plot. A step of its own, after the last round, so no
-supervisor round pays for it (on AWS it is its own function).
+"""Finalize (docs/ARCHITECTURE.md, "A job", step 3): merge the final replicas (or take the
+best one validation kept), score the test split, write the report, the model and the
+plot. A step of its own, after the last round, so no supervisor round pays for it (on AWS
+it is its own function).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import numpy as np
-import torch
 
-from ebb.cost.meter import JobAccount, meter_for
+from ebb.catalogue import entry
+from ebb.cost.meter import meter_for
 from ebb.cost.model import perf_per_dollar
+from ebb.data.format import decode_batch
 from ebb.engine import checkpoint
+from ebb.engine.accounting import job_account
+from ebb.engine.errors import EngineError
 from ebb.engine.outputs import write_outputs
-from ebb.engine.worker import EngineError, PartCache, load_manifest
-from ebb.models import LOSS_NAMES, build_model
+from ebb.engine.parts import PartCache
+from ebb.engine.replica import copy_replica
+from ebb.engine.state import SupervisorState
+from ebb.models import build_model
+from ebb.ports.keys import BEST_META_KEY, BEST_REPLICA_KEY, worker_key
+from ebb.ports.manifest import load_manifest
+from ebb.ports.objects import ObjectStore
 from ebb.spec import JobSpec
-from ebb.stores.base import ObjectStore
 
 
 def merged_replica(checkpoints: ObjectStore, round_: int, workers: list[int]) -> dict[str, np.ndarray]:
     """Average of the final replicas of the workers that trained to the end."""
     total: dict[str, np.ndarray] | None = None
     for w in workers:
-        meta, arrays = checkpoint.read_worker(checkpoints, checkpoint.worker_key(round_, w))
+        meta, arrays = checkpoint.read_worker(checkpoints, worker_key(round_, w))
         if meta["outcome"] != "stopped":
             raise EngineError(f"worker {w}'s last checkpoint is {meta['outcome']!r}, not its final replica")
         params = {k[6:]: a for k, a in arrays.items() if k.startswith("param.")}
@@ -40,69 +49,65 @@ def merged_replica(checkpoints: ObjectStore, round_: int, workers: list[int]) ->
 
 
 def evaluate(spec: JobSpec, data: ObjectStore, replica: dict[str, np.ndarray]) -> dict[str, float]:
-    """The merged model's metrics on the test split ({} when there is none)."""
-    manifest = load_manifest(data)
+    """The model's metrics on the test split ({} when there is none)."""
+    manifest = load_manifest(data, spec.data)
     if not manifest.test.parts:
         return {}
     model = build_model(spec.model, manifest, spec.hyper, spec.seed)
-    for n, p in model.params.items():
-        p.copy_(torch.from_numpy(replica[n]))
-    cache = PartCache(data, manifest, model, split="test", max_bytes=0)
-    return model.evaluate(cache.get(i) for i in range(len(manifest.test.parts)))
+    copy_replica(model, replica)
+    return model.evaluate(PartCache(data, manifest, model, split="test", max_bytes=0).each())
 
 
-def best_replica(checkpoints: ObjectStore) -> tuple[dict[str, np.ndarray], dict] | None:
+def best_replica(checkpoints: ObjectStore) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
     """The best replica early stopping kept (and what it scored), or None."""
-    from ebb.data.format import decode_batch
-    from ebb.engine.worker import BEST_KEY, BEST_META_KEY
-
     try:
         meta = json.loads(checkpoints.get(BEST_META_KEY))
     except KeyError:
         return None
-    return decode_batch(checkpoints.get(BEST_KEY)), meta
+    return decode_batch(checkpoints.get(BEST_REPLICA_KEY)), meta
 
 
-def build_report(spec: JobSpec, state: dict, test_metrics: dict, finalize_seconds: float) -> dict:
+def build_report(spec: JobSpec, state: SupervisorState, test_metrics: dict[str, float],
+                 finalize_seconds: float) -> dict[str, Any]:
     """report.json from the supervisor's final state (see the README for every field)."""
-    sync, firsts = sorted(state["sync_samples"]), sorted(state["sync_first"])
-    totals = dict(state["totals"])
+    o = state.overheads
+    sync, firsts = sorted(o.sync_samples), sorted(o.sync_first)
+    totals = state.totals.model_dump()
     sent_nnz, local_nnz = totals.pop("sent_nnz"), totals.pop("local_nnz")
-    totals.update({"worker_seconds": round(state["worker_seconds"], 3), "cpu_seconds": round(totals["cpu_seconds"], 3),
+    totals.update({"worker_seconds": round(state.worker_seconds, 3), "cpu_seconds": round(totals["cpu_seconds"], 3),
                    "cpu_critical_seconds": round(totals["cpu_critical_seconds"], 3),
                    "sent_fraction": sent_nnz / local_nnz if local_nnz else 0.0,
-                   "timing_seconds": {k: round(v, 4) for k, v in sorted(state["timing"].items())}})
-    history = state["history"]
-    account = JobAccount(wall_seconds=state["elapsed"], worker_seconds=state["worker_seconds"],
-                         rounds=state["round"] + 1, worker_invocations=state["worker_invocations"],
-                         object_gets=totals["object_gets"], object_puts=state["checkpoint_puts"],
-                         reports=totals["reports"], directives=state["directives"])
+                   "timing_seconds": {k: round(v, 4) for k, v in sorted(state.timing.items())}})
+    history = state.history
+    account = job_account(state, wall_seconds=state.elapsed, worker_seconds=state.worker_seconds,
+                          rounds=state.round + 1)
     cost = meter_for(spec)(account)
-    wall = state["elapsed"]
+    wall = state.elapsed
+    hit = state.stop.target_hit
     return {
-        "status": state["stop_reason"],
+        "status": state.stop.reason,
         "wall_seconds": wall,
-        "steps": state["clock"] + 1,
+        "steps": state.clock + 1,
         "epochs": history[-1]["epoch"] if history else 0.0,
-        "rounds": state["round"] + 1,
+        "rounds": state.round + 1,
         "clock": spec.clock.model_dump(mode="json") if spec.clock.kind == "fleet" else {"kind": "host"},
-        "host_seconds": round(state.get("host_elapsed", wall), 4),
+        "host_seconds": round(state.host_elapsed, 4),
         "final_loss": history[-1]["loss"] if history else None,
-        "loss_name": LOSS_NAMES[spec.model],
+        "loss_name": entry(spec.model).loss_name,
         "test_metrics": test_metrics,
-        "workers": {"initial": spec.workers, "final": len(state["members"])},
+        "workers": {"initial": spec.workers, "final": len(state.members)},
         "history": history,
         "totals": totals,
         "sync_overhead_ms": {"median": 1000 * sync[len(sync) // 2], "p90": 1000 * sync[int(len(sync) * 0.9)],
                              "samples": len(sync),
                              "first_worker_median": 1000 * firsts[len(firsts) // 2] if firsts else None,
-                             "released_late": state["released_late"]} if sync else None,
-        "supervisor_ms_per_step": _quantiles(state["handling_ms"]),
-        "scale_events": state["scale_events"],
-        "faults": state["faults"],
-        "autotune": state["autotune"],
-        "eval_seconds": round(state["eval_seconds"], 4),
-        "time_to_target_test": state["test_hit"],
+                             "released_late": o.released_late} if sync else None,
+        "supervisor_ms_per_step": _quantiles(o.handling_ms),
+        "scale_events": state.scale_events,
+        "faults": state.faults,
+        "autotune": state.autotune,
+        "eval_seconds": round(o.eval_seconds, 4),
+        "time_to_target_val": hit.model_dump() if hit else None,
         "finalize_seconds": round(finalize_seconds, 3),
         "cost": cost,
         "perf_per_dollar": perf_per_dollar(wall, cost["total_usd"]) if wall > 0 and cost["total_usd"] > 0 else None,
@@ -111,7 +116,15 @@ def build_report(spec: JobSpec, state: dict, test_metrics: dict, finalize_second
     }
 
 
-def _quantiles(values: list[float]) -> dict | None:
+def failure_report(spec: JobSpec, state: SupervisorState, error: str, *, failed_in_round: int) -> dict[str, Any]:
+    """A ``failed`` report of a job as far as ``state`` got: the cause, steps, history."""
+    report = build_report(spec, state, {}, 0.0)
+    report.update({"status": "failed", "error": error, "failed_in_round": failed_in_round})
+    report.pop("finalize_seconds", None)
+    return report
+
+
+def _quantiles(values: list[float]) -> dict[str, float] | None:
     if not values:
         return None
     v = sorted(values)
@@ -119,15 +132,15 @@ def _quantiles(values: list[float]) -> dict | None:
 
 
 def finalize(spec: JobSpec, *, data: ObjectStore, checkpoints: ObjectStore, out: ObjectStore
-             ) -> tuple[dict, dict[str, np.ndarray]]:
-    """Merge, score and write the outputs of a finished job; returns (report, merged model)."""
+             ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Merge, score and write the outputs of a finished job; returns (report, model)."""
     started = time.perf_counter()
     done = checkpoint.latest(checkpoints)
     if done is None or not done["finished"]:
         raise EngineError("the job has not finished its last round: nothing to finalize")
     state = checkpoint.read_supervisor(checkpoints, done["round"])
     best = best_replica(checkpoints)
-    replica = best[0] if best else merged_replica(checkpoints, done["round"], state["members"])
+    replica = best[0] if best else merged_replica(checkpoints, done["round"], state.members)
     test_metrics = evaluate(spec, data, replica)
     report = build_report(spec, state, test_metrics, time.perf_counter() - started)
     if best:  # the model written is the best one validation saw, not the last

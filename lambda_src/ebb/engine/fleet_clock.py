@@ -45,27 +45,42 @@ cleared(s - 1)``, the cold start included (Lambda bills a function's init).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from ebb.spec import ClockSpec
 
 MB = 1e6
+_DEFAULT = ClockSpec()  # the defaults live in the job spec (``ebb spec``, clock.*)
 
 
 @dataclass(frozen=True)
 class Links:
-    """The fleet's network and start-up: per-worker link, request round trip, the barrier's
-    release, the cache node's link, one cold start (the ``clock`` section of a job spec)."""
+    """The fleet's network and start-up: per-worker link, request round trip, the cache
+    node's link, one cold start, the barrier's release (the ``clock`` section of a job spec,
+    whose defaults these are)."""
 
-    link_mb_s: float = 75.0
-    rtt_ms: float = 0.4
-    node_mb_s: float = 625.0
-    cold_start_s: float = 3.0
-    barrier_ms: float = 0.0
+    link_mb_s: float = _DEFAULT.link_mb_s
+    rtt_ms: float = _DEFAULT.rtt_ms
+    node_mb_s: float = _DEFAULT.node_mb_s
+    cold_start_s: float = _DEFAULT.cold_start_s
+    barrier_ms: float = _DEFAULT.barrier_ms
 
     @classmethod
-    def of(cls, clock_spec) -> Links:
-        return cls(link_mb_s=clock_spec.link_mb_s, rtt_ms=clock_spec.rtt_ms, node_mb_s=clock_spec.node_mb_s,
-                   cold_start_s=clock_spec.cold_start_s, barrier_ms=clock_spec.barrier_ms)
+    def of(cls, clock: ClockSpec) -> Links:
+        return cls(link_mb_s=clock.link_mb_s, rtt_ms=clock.rtt_ms, node_mb_s=clock.node_mb_s,
+                   cold_start_s=clock.cold_start_s, barrier_ms=clock.barrier_ms)
+
+
+class Measured(Protocol):
+    """What the fleet clock reads of a worker's step report."""
+
+    cpu_seconds: float
+    sent_bytes: int
+    read_bytes: int
+    requests: int
+    io_cpu_seconds: float
 
 
 @dataclass(frozen=True)
@@ -79,7 +94,7 @@ class WorkerStep:
     io_cpu_s: float = 0.0  # the part of cpu_s spent inside the update store's calls
 
     @classmethod
-    def of(cls, report) -> WorkerStep:
+    def of(cls, report: Measured) -> WorkerStep:
         """The measures of a worker's ``StepReport``."""
         return cls(report.cpu_seconds, report.sent_bytes, report.read_bytes, report.requests,
                    report.io_cpu_seconds)
@@ -148,7 +163,7 @@ class FleetTimeline:
         self.time = cleared
         return cleared
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, float]:
         """What survives rounds: the fleet time and the billed worker-seconds (a round's
         workers start again, cold, so their virtual times are not carried)."""
         return {"time": self.time, "worker_seconds": self.worker_seconds}

@@ -1,4 +1,4 @@
-"""The ISP significance filter (MLLess §4.1, DESIGN §3).
+"""The ISP significance filter (MLLess §4.1; docs/ARCHITECTURE.md, "Synchronisation").
 
 Each worker keeps, per parameter, an accumulator δ of the local updates it has not sent.
 After a local step δ += u; parameter i is *significant* when ``|δ_i / x_i| > v_t`` with
@@ -79,8 +79,10 @@ class SignificanceFilter:
                                      np.float32(v_t), form)
             if done is not None:  # (None: a NaN or infinite row, for numpy below)
                 at, out_vals, codes, scales = done
-                pack = None if codes is None else (torch.from_numpy(codes), None) if scales is None else (
-                    torch.from_numpy(codes), torch.from_numpy(scales.view(np.int16)).view(torch.bfloat16))
+                pack: Packed | None = None
+                if codes is not None:
+                    pack = (torch.from_numpy(codes), None if scales is None else
+                            torch.from_numpy(scales.view(np.int16)).view(torch.bfloat16))
                 sent_rows = rows if at.size == at_rows.size else torch.from_numpy(at_rows.take(at))
                 return (sent_rows, torch.from_numpy(out_vals)), pack, at
         delta = gather_rows(table, at_rows)

@@ -9,33 +9,23 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
-from ebb.data.format import MANIFEST_KEY, Manifest, checksum
-from ebb.engine.worker import EngineError
-from ebb.models import MODEL_KINDS
+from ebb.catalogue import entry
+from ebb.data.format import checksum
+from ebb.engine.errors import EngineError
+from ebb.ports.keys import MANIFEST_KEY, OUTPUT_KEYS, REPORT_KEY
+from ebb.ports.manifest import SPLITS, Manifest, ManifestError, SplitInfo, load_manifest
+from ebb.ports.objects import ObjectStore, is_s3
 from ebb.spec import JobSpec
-from ebb.stores import is_s3
-from ebb.stores.base import ObjectStore
 
 
 class PreflightError(EngineError):
     """The job cannot train on this dataset (the message says what to fix)."""
 
 
-def _splits(manifest: Manifest) -> dict:
-    return {name: getattr(manifest, name) for name in ("train", "val", "test") if getattr(manifest, name, None)}
-
-
-def read_manifest(spec: JobSpec, data: ObjectStore) -> Manifest:
-    try:
-        raw = data.get(MANIFEST_KEY)
-    except KeyError:
-        raise PreflightError(f"data: {spec.data} has no {MANIFEST_KEY}; prepare it first with `ebb prepare`") from None
-    try:
-        return Manifest.from_json(raw.decode())
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        raise PreflightError(f"data: {spec.data}/{MANIFEST_KEY} is corrupt ({type(exc).__name__}: {exc}); "
-                             "prepare the dataset again") from None
+def _splits(manifest: Manifest) -> dict[str, SplitInfo]:
+    return {name: getattr(manifest, name) for name in SPLITS if getattr(manifest, name, None)}
 
 
 def preflight(spec: JobSpec, data: ObjectStore) -> Manifest:
@@ -46,9 +36,13 @@ def preflight(spec: JobSpec, data: ObjectStore) -> Manifest:
     and the test parts are verified here, since only finalize reads them).
     """
     where = f"{spec.data}/{MANIFEST_KEY}"
-    manifest = read_manifest(spec, data)
-    if manifest.kind != MODEL_KINDS[spec.model]:
-        raise PreflightError(f"model: {spec.model} trains on {MODEL_KINDS[spec.model]} data, but {spec.data} holds "
+    try:
+        manifest = load_manifest(data, spec.data)
+    except ManifestError as exc:
+        raise PreflightError(f"data: {exc}") from None
+    kind = entry(spec.model).data
+    if manifest.kind != kind:
+        raise PreflightError(f"model: {spec.model} trains on {kind} data, but {spec.data} holds "
                              f"{manifest.kind} data ({manifest.format})")
     dims = (manifest.num_users, manifest.num_items) if manifest.kind == "ratings" else (manifest.num_features,)
     if manifest.batch_size < 1 or min(dims) < 1:
@@ -83,18 +77,16 @@ def preflight(spec: JobSpec, data: ObjectStore) -> Manifest:
 def check_outputs(spec: JobSpec, out: ObjectStore) -> None:
     """A new run never mixes with another: refuse an ``out`` that holds a finished run (or
     is a file); clear what a failed run left there."""
-    from pathlib import Path
-
     if not is_s3(spec.out_location) and Path(spec.out_location).is_file():
         raise PreflightError(f"out: {spec.out_location} is a file; give --out a folder")
     try:
-        previous = json.loads(out.get("report.json"))
+        previous = json.loads(out.get(REPORT_KEY))
     except KeyError:
         return
     except ValueError:
         previous = {"status": "unreadable"}
     if previous.get("status") != "failed":
-        raise PreflightError(f"out: {spec.out_location} holds a run already (report.json, status "
+        raise PreflightError(f"out: {spec.out_location} holds a run already ({REPORT_KEY}, status "
                              f"{previous.get('status')}); choose another --out, or delete that one")
-    for key in ("report.json", "model.npz", "loss.png", "progress.json"):
+    for key in OUTPUT_KEYS:
         out.delete(key)

@@ -1,4 +1,4 @@
-"""The worker loop (DESIGN §1 step 2, MLLess §3).
+"""The worker loop (docs/ARCHITECTURE.md, "A job" and "Synchronisation"; MLLess §3).
 
 At step t a worker: fetches its minibatch → computes a local update → runs the
 significance filter (ISP) → publishes what is significant → announces the step (or
@@ -13,10 +13,11 @@ supervisor's directive (continue, evict, join, stop).
   while the slowest worker has finished step ≥ t − s; it applies everyone's update of a
   step as soon as the step is cleared.
 
-A worker runs for one *round* (DESIGN §6). When a directive names the round's last step
-R, the worker trains no step past R; once R is applied it writes its checkpoint —
-replica, optimiser state, ISP accumulators, loop counters — and ends "unfinished". The
-next round's worker (a fresh process, or a fresh Lambda invocation) resumes from it.
+A worker runs for one *round* (docs/ARCHITECTURE.md, "Rounds and checkpoints"). When a
+directive names the round's last step R, the worker trains no step past R; once R is
+applied it writes its checkpoint — replica, optimiser state, ISP accumulators, loop
+counters — and ends "unfinished". The next round's worker (a fresh process, or a fresh
+Lambda invocation) resumes from it.
 """
 
 from __future__ import annotations
@@ -25,207 +26,44 @@ import json
 import math
 import threading
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
 
-import numpy as np
-import torch
-
-from ebb.data.format import MANIFEST_KEY, Manifest, checksum, decode_batch, encode_batch
+from ebb.data.format import decode_batch, encode_batch
 from ebb.engine import checkpoint
 from ebb.engine.aggregate import RowMean
+from ebb.engine.cadence import eval_interval, learning_rate
 from ebb.engine.clock import wall
+from ebb.engine.errors import CheckpointError, EngineError
 from ebb.engine.isp import SignificanceFilter
-from ebb.engine.messages import Directive, EndReport, StepReport
+from ebb.engine.parts import PartCache
+from ebb.engine.replica import copy_replica, load_state_arrays, state_arrays
+from ebb.engine.stopping import improved
 from ebb.engine.striping import PartSequence, position_of
+from ebb.engine.timer import StepTimer
 from ebb.models import Model, build_model
+from ebb.ports.keys import (ABORT_BLOB, BEST_META_KEY, BEST_REPLICA_KEY, SUPERVISOR_SLOT, lost_blob,
+                            replica_blob, worker_key)
+from ebb.ports.launcher import WorkerStart
+from ebb.ports.manifest import load_manifest
+from ebb.ports.messages import Directive, EndReport, Scoring, StepReport
+from ebb.ports.objects import ObjectStore
+from ebb.ports.signals import SignalChannel
+from ebb.ports.updates import UpdateStore
 from ebb.sparse import RowUpdate
 from ebb.spec import JobSpec
-from ebb.stores.base import ObjectStore, SignalChannel, UpdateStore
 
 BLOB_WAIT_S = 120.0  # how long to wait for a peer's replica before calling the job broken
 DIRECTIVE_WAIT_S = 600.0  # a supervisor silent this long is gone
 WAIT_CHUNK_S = 1.0  # longest single blocking read: between them a worker notices it was cancelled
-
-
-class EngineError(RuntimeError):
-    pass
-
-
-@dataclass
-class WorkerStart:
-    """Where a worker starts: at step 0 with everyone, later as a joiner, or from its
-    checkpoint at the start of a later round (``resume``: the checkpoint's key)."""
-
-    worker: int
-    members: list[int]
-    round: int = 0
-    step: int = 0
-    cursor: int = 0
-    donor_blob: str | None = None  # replica to copy before the first step (a joining worker)
-    resume: str | None = None
-
-
-def replica_blob(worker: int, step: int) -> str:
-    return f"replica:{worker}:{step}"
-
-
-def held_out_split(manifest: Manifest) -> str:
-    """What is scored during training: the validation split if the data has one, else test."""
-    return "val" if manifest.val.parts else "test"
-
-
-def eval_interval(spec: JobSpec, manifest: Manifest) -> int:
-    """Steps between scorings of the held-out split (0: never). By default, when the data
-    has a validation split (early stopping needs it), one worker's epoch of progress apart,
-    so ``stop.patience_evals`` means the same at any fleet size (see ``default_eval_every``)."""
-    if spec.stop.eval_every is not None:
-        return spec.stop.eval_every
-    if manifest.val.parts:
-        return default_eval_every(spec, len(manifest.train.parts))
-    return 0
-
-
-def default_eval_every(spec: JobSpec, num_parts: int) -> int:
-    """One worker's epoch of progress, in steps. Under ``sync.combine`` sum a step of the
-    initial fleet adds its P workers' proposals, so that is an epoch (num_parts / P steps);
-    under mean a step moves a row by about one worker's proposal, so it is num_parts steps
-    (P epochs), the unit ``hyper.lr_decay`` counts in too. Scoring once an epoch under mean
-    gave 4-worker PMF five flat scorings in the plateau every PMF run crosses early
-    (ml-latest-small-shaped: stopped at epoch 9 with val RMSE 0.854; it reaches 0.832)."""
-    if spec.sync.combine == "sum":
-        return max(1, -(-num_parts // spec.workers))
-    return max(1, num_parts)
-
-
-BEST_KEY, BEST_META_KEY = "best.npz", "best.json"  # in the checkpoint store: the best scored replica
-
-
-def lost_blob(worker: int) -> str:
-    """Set by the supervisor when it gives up on a worker: should it come back, it leaves."""
-    return f"lost:{worker}"
-
-
-ABORT_BLOB = "abort"  # set by a supervisor that gave its round up: the waiting workers leave
+HEARTBEAT_S = 1.0
 
 
 class Lost(Exception):
     """The supervisor has given up on this worker (it stalled too long): leave quietly."""
 
 
-HEARTBEAT_S = 1.0
-SUPERVISOR = -1  # the supervisor's heartbeat slot in the update store
-
-
-def sync_mode(spec: JobSpec) -> str:
-    """The sync model the job's workers run: a job that starts alone (and never grows) is BSP."""
-    return spec.sync.mode if spec.workers > 1 or spec.scaling.policy == "schedule" else "bsp"
-
-
-def load_manifest(objects: ObjectStore) -> Manifest:
-    try:
-        return Manifest.from_json(objects.get(MANIFEST_KEY).decode())
-    except KeyError:
-        raise EngineError("no manifest.json in the dataset: prepare it with `ebb prepare` first") from None
-
-
-def batch_nbytes(batch) -> int:
-    """Bytes of the tensors and arrays a converted minibatch holds (in dataclasses, tuples, lists, dicts)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.element_size() * batch.nelement()
-    if isinstance(batch, np.ndarray):
-        return int(batch.nbytes)
-    if isinstance(batch, dict):
-        return sum(batch_nbytes(v) for v in batch.values())
-    if isinstance(batch, (tuple, list)):
-        return sum(batch_nbytes(v) for v in batch)
-    if hasattr(batch, "__dataclass_fields__"):
-        return sum(batch_nbytes(getattr(batch, name)) for name in batch.__dataclass_fields__)
-    return 0
-
-
-class PartCache:
-    """Training parts, verified against the manifest and converted once per worker (LRU).
-
-    Bounded by bytes, not parts: minibatches are re-striped every epoch, so a worker
-    visits every part in time, and a count bound let each worker of a 1M-row sparse LR
-    job hold the whole converted dataset (1.1 GB at 8 workers: a Lambda function of
-    1,769 MB, or 24 local workers on 24 GB, ran out of memory).
-    """
-
-    def __init__(
-        self, objects: ObjectStore, manifest: Manifest, model: Model, split: str = "train",
-        max_bytes: int = 256 << 20,
-    ):
-        self.objects, self.model, self.max_bytes = objects, model, max_bytes
-        self.infos = getattr(manifest, split).parts
-        self._cache: OrderedDict[int, object] = OrderedDict()
-        self._sizes: dict[int, int] = {}
-        self.held_bytes = 0
-        self.gets = 0  # object-store reads since last asked (S3 GETs on AWS)
-
-    def get(self, index: int):
-        batch = self._cache.get(index)
-        if batch is not None:
-            self._cache.move_to_end(index)
-            return batch
-        info = self.infos[index]
-        raw = self.objects.get(info.key)
-        self.gets += 1
-        if checksum(raw) != info.sha256:
-            raise EngineError(f"dataset part {info.key} does not match its checksum in manifest.json")
-        try:
-            batch = self.model.to_batch(decode_batch(raw))
-        except Exception as exc:
-            raise EngineError(
-                f"dataset part {info.key} cannot be read as a minibatch ({type(exc).__name__}: "
-                f"{str(exc)[:120]}); prepare the dataset again"
-            ) from None
-        size = batch_nbytes(batch)
-        if size <= self.max_bytes:
-            self._cache[index], self._sizes[index] = batch, size
-            self.held_bytes += size
-            while self.held_bytes > self.max_bytes:
-                oldest, _ = self._cache.popitem(last=False)
-                self.held_bytes -= self._sizes.pop(oldest)
-        return batch
-
-
-@dataclass
-class StepTimer:
-    spans: dict[str, float] = field(default_factory=dict)
-    _t: float = 0.0
-
-    def start(self) -> None:
-        self._t = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.spans[name] = self.spans.get(name, 0.0) + now - self._t
-        self._t = now
-
-    def take(self) -> dict[str, float]:
-        out, self.spans = self.spans, {}
-        return out
-
-
-def state_arrays(model: Model, isp: SignificanceFilter | None) -> dict:
-    """What a worker's checkpoint holds besides its counters: replica (``param.*``),
-    optimiser state (``opt.*``) and ISP accumulators (``isp.*``), as plain arrays."""
-    arrays = model.state_arrays()
-    if isp is not None:
-        arrays.update({f"isp.{name}": acc.numpy() for name, acc in isp.pending.items()})
-    return arrays
-
-
-def load_state_arrays(model: Model, isp: SignificanceFilter | None, arrays: dict) -> None:
-    model.load_state_arrays({k: v for k, v in arrays.items() if not k.startswith("isp.")})
-    if isp is not None:
-        for name, acc in isp.pending.items():
-            acc.copy_(torch.from_numpy(arrays[f"isp.{name}"]))
-
-
 class Worker:
+    """One worker of one round: trains until the supervisor stops it, evicts it or ends the round."""
+
     def __init__(
         self,
         spec: JobSpec,
@@ -239,18 +77,17 @@ class Worker:
     ):
         self.spec, self.me, self.round = spec, start.worker, start.round
         self.data, self.checkpoints, self.updates, self.signals = data, checkpoints, updates, signals
-        self.manifest = load_manifest(data)
+        self.manifest = load_manifest(data, spec.data)
         self.model = model or build_model(spec.model, self.manifest, spec.hyper, spec.seed)
         self.parts = PartCache(data, self.manifest, self.model, max_bytes=spec.aws.part_cache_bytes())
         self.sequence = PartSequence(len(self.manifest.train.parts), spec.seed)
-        self.mode = sync_mode(spec)
+        self.mode = spec.effective_sync_mode
         self.slack = spec.sync.slack if self.mode == "ssp" else 0
-        self.filter = (
-            SignificanceFilter(self.model.params, spec.sync.significance, spec.sync.quantize)
-            if self.mode == "isp"
-            else None
-        )
-        self.row_mean = RowMean(self.model.params, spec.sync.combine, spec.sync.sum_cap)
+        significance, combine = spec.sync.significance, spec.sync.combine
+        assert significance is not None and combine is not None  # the spec fills them from the model catalogue
+        self.filter = (SignificanceFilter(self.model.params, significance, spec.sync.quantize) if self.mode == "isp"
+                       else None)
+        self.row_mean = RowMean(self.model.params, combine, spec.sync.sum_cap)
         self.members, self.step, self.cursor = sorted(start.members), start.step, start.cursor
         self.base_lr = self.model.optimizer.lr
         if start.resume:
@@ -268,8 +105,8 @@ class Worker:
         self.sync_overhead_s: float | None = None
         self._announce_s = 0.0
         self._next_members: list[int] | None = None
-        self._test_result: dict | None = None
-        self._test_parts: PartCache | None = None
+        self._scoring: Scoring | None = None  # a held-out scoring not reported yet
+        self._held_out: PartCache | None = None
         self._eval_every = eval_interval(spec, self.manifest)
         self._best: float | None = None
         self.cancelled = threading.Event()  # set by an in-process launcher tearing the job down
@@ -280,12 +117,12 @@ class Worker:
     def _restore(self, key: str) -> None:
         meta, arrays = checkpoint.read_worker(self.checkpoints, key)
         if meta["worker"] != self.me or meta["job"] != self.spec.name or meta["model"] != self.spec.model:
-            raise checkpoint.CheckpointError(
+            raise CheckpointError(
                 f"checkpoint {key} belongs to worker {meta['worker']} of job {meta['job']} ({meta['model']}), "
                 f"not to worker {self.me} of job {self.spec.name} ({self.spec.model})"
             )
         if meta["mode"] != self.mode:
-            raise checkpoint.CheckpointError(
+            raise CheckpointError(
                 f"worker {self.me}'s checkpoint was written under sync mode {meta['mode']} but the job now runs "
                 f"{self.mode}; resume with the spec the job started with"
             )
@@ -293,7 +130,7 @@ class Worker:
         self.step, self.cursor, self.members = meta["step"], meta["cursor"], sorted(meta["members"])
 
     def _write_checkpoint(self, outcome: str) -> str:
-        key = checkpoint.worker_key(self.round, self.me)
+        key = worker_key(self.round, self.me)
         arrays = state_arrays(self.model, self.filter)
         meta = {
             "worker": self.me,
@@ -339,28 +176,11 @@ class Worker:
         return blob
 
     def _adopt_replica(self, name: str) -> None:
-        arrays = decode_batch(self._wait_blob(name))
-        for n, p in self.model.params.items():
-            p.copy_(torch.from_numpy(arrays[n]))
+        copy_replica(self.model, decode_batch(self._wait_blob(name)))
 
     def _set_lr(self) -> None:
-        # The decay follows steps, not passes over the data: once every `minibatches` steps
-        # (an epoch at one worker). A step moves a row by the mean of its touchers'
-        # proposals, about as far as one worker's step, so at P workers an epoch advances
-        # the model about as much as 1/P of one worker's epoch; decaying per epoch froze an
-        # 8-worker job before it had converged.
-        # (Under sync.combine sum an epoch at P workers is one worker's epoch of progress, so
-        # the decay is once per num_parts / P steps of the initial fleet: default_eval_every.)
-        period = default_eval_every(self.spec, self.sequence.num_parts)
-        lr = self.base_lr * self.spec.hyper.lr_decay ** (self.step // period)
-        if self.spec.scaling.scale_lr and len(self.members) < self.spec.workers and self.spec.sync.combine == "mean":
-            # Linear scaling rule (off by default): a row's step is the mean of its
-            # touchers' proposals, so a smaller fleet takes equally long but noisier steps.
-            # On the fleet clock the rows most workers touch were not what limited PMF
-            # after the knee: scaling slowed every row and cost the tuner's jobs 4-8% of
-            # their time (docs/RESULTS.md). Summed updates shrink with the fleet by themselves.
-            lr *= len(self.members) / self.spec.workers
-        self.model.optimizer.lr = lr
+        self.model.optimizer.lr = learning_rate(self.spec, self.base_lr, self.step, len(self.members),
+                                                self.sequence.num_parts)
 
     def _receive(self, directive: Directive) -> None:
         if directive.step <= self.applied_upto:
@@ -405,12 +225,13 @@ class Worker:
 
     def _run(self) -> str:
         while True:
-            training = self.round_end is None or self.step <= self.round_end
-            if training:
+            end = self.round_end
+            training = end is None or self.step <= end
+            if end is None or self.step <= end:
                 self._compute_and_publish()
                 self._wait_for_clock(self.step - self.slack)
             else:  # the round's last step is trained: wait until everyone's is applied
-                self._wait_for_clock(self.round_end)
+                self._wait_for_clock(end)
             outcome = self._apply_cleared(advance=training)
             if outcome:
                 return outcome
@@ -471,11 +292,11 @@ class Worker:
                 object_gets=self.parts.gets,
                 requests=self.requests + 2,  # this announcement and the go that answers it
                 timing=self.timer.take(),
-                test=self._test_result,
+                scoring=self._scoring,
             )
         )
         self.parts.gets = 0
-        self._test_result = None
+        self._scoring = None
         self._announce_s = time.perf_counter() - before
         self.bytes_read, self.sync_overhead_s, self.requests, self.io_cpu = 0, None, 0, 0.0
 
@@ -508,7 +329,7 @@ class Worker:
         if (why := self.updates.get_blob(ABORT_BLOB)) is not None:
             raise EngineError(f"worker {self.me}: the supervisor gave the round up ({why.decode(errors='replace')})")
         faults = self.spec.faults
-        beat = self.updates.heartbeats([SUPERVISOR]).get(SUPERVISOR)
+        beat = self.updates.heartbeats([SUPERVISOR_SLOT]).get(SUPERVISOR_SLOT)
         silent = waited if beat is None else wall() - beat
         if silent > (faults.worker_timeout_s if beat is not None else faults.startup_timeout_s):
             raise EngineError(
@@ -559,19 +380,19 @@ class Worker:
         """Every ``eval_interval`` steps the lowest-id worker scores its replica on the held-out
         split; on validation it keeps the best replica so far (the model early stopping writes)."""
         every = self._eval_every
-        split = held_out_split(self.manifest)
-        if not every or (k + 1) % every or self.me != self.members[0] or not getattr(self.manifest, split).parts:
+        split = self.manifest.held_out_split
+        if not every or (k + 1) % every or self.me != self.members[0] or not self.manifest.split(split).parts:
             return
         started, cpu = time.perf_counter(), time.process_time()
-        if self._test_parts is None:
-            self._test_parts = PartCache(self.data, self.manifest, self.model, split=split,
-                                         max_bytes=self.spec.aws.part_cache_bytes())
-        metrics = self.model.evaluate(self._test_parts.get(i) for i in range(len(self._test_parts.infos)))
+        if self._held_out is None:
+            self._held_out = PartCache(self.data, self.manifest, self.model, split=split,
+                                       max_bytes=self.spec.aws.part_cache_bytes())
+        metrics = self.model.evaluate(self._held_out.each())
         epoch = (self.cursor + len(self.members)) / self.sequence.num_parts
-        self._test_result = {"step": k, "split": split, "epoch": round(epoch, 4), "metrics": metrics}
         if split == "val":
             self._keep_if_best(k, epoch, metrics[self.model.loss_name])
-        self._test_result["seconds"] = time.perf_counter() - started
+        self._scoring = Scoring(step=k, split=split, epoch=round(epoch, 4), metrics=metrics,
+                                seconds=time.perf_counter() - started)
         self._cpu_mark += time.process_time() - cpu  # scoring is not training: kept out of cpu_seconds
 
     def _keep_if_best(self, k: int, epoch: float, value: float) -> None:
@@ -580,9 +401,9 @@ class Worker:
                 self._best = json.loads(self.checkpoints.get(BEST_META_KEY))["value"]
             except KeyError:
                 self._best = math.inf
-        if value < self._best * (1 - self.spec.stop.min_delta):
+        if improved(value, self._best, self.spec.stop.min_delta):
             self._best = value
-            self.checkpoints.put(BEST_KEY, encode_batch(self.model.replica_arrays()))
+            self.checkpoints.put(BEST_REPLICA_KEY, encode_batch(self.model.replica_arrays()))
             self.checkpoints.put(
                 BEST_META_KEY,
                 json.dumps(

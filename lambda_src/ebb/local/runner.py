@@ -26,17 +26,23 @@ import numpy as np
 import redis
 import torch
 
-from ebb.engine import checkpoint
-from ebb.engine.finalize import finalize
-from ebb.engine.preflight import check_outputs, preflight
-from ebb.engine.supervisor import MetricsSink, RoundLost, Supervisor
-from ebb.engine.worker import EngineError, Worker, WorkerStart
 from setproctitle import getproctitle, setproctitle
 
+from ebb.engine import checkpoint
+from ebb.engine.errors import EngineError, RoundLost
+from ebb.engine.finalize import finalize
+from ebb.engine.preflight import check_outputs, preflight
+from ebb.engine.supervisor import Supervisor
+from ebb.engine.worker import Worker
 from ebb.local.redis_server import RedisServer, die_with_parent
+from ebb.ports.keys import LATEST_KEY, SPEC_KEY
+from ebb.ports.launcher import WorkerStart
+from ebb.ports.metrics import MetricsSink
+from ebb.ports.objects import ObjectStore
+from ebb.ports.signals import SignalChannel
+from ebb.ports.updates import UpdateStore
 from ebb.spec import JobSpec
 from ebb.stores import join_location, open_object_store
-from ebb.stores.base import ObjectStore, SignalChannel, UpdateStore
 from ebb.stores.memory import MemorySignalChannel, MemoryUpdateStore
 from ebb.stores.redis_store import RedisSignalChannel, RedisUpdateStore
 
@@ -369,9 +375,9 @@ def _first_round(spec: JobSpec, checkpoints: ObjectStore, resume: bool) -> int:
     if resume:
         if done is None:
             raise EngineError("nothing to resume: no round of this job was completed "
-                              f"(no {checkpoint.LATEST_KEY} in {checkpoints_location(spec)})")
+                              f"(no {LATEST_KEY} in {checkpoints_location(spec)})")
         return done["round"] + 1
     for key in checkpoints.list():
         checkpoints.delete(key)
-    checkpoints.put(checkpoint.SPEC_KEY, spec.model_dump_json(indent=2).encode())
+    checkpoints.put(SPEC_KEY, spec.model_dump_json(indent=2).encode())
     return 0

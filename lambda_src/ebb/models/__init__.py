@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
+from ebb.catalogue import entry
 from ebb.models.base import Model, loss_value
 from ebb.models.logistic import DenseLR, SparseLR
 from ebb.models.pmf import PMF
-
-MODEL_KINDS = {"pmf": "ratings", "sparse_lr": "sparse", "lr": "dense"}
-LOSS_NAMES = {"pmf": PMF.loss_name, "sparse_lr": SparseLR.loss_name, "lr": DenseLR.loss_name}
 
 
 def rating_range(manifest) -> tuple[float, float] | None:
@@ -19,7 +17,7 @@ def rating_range(manifest) -> tuple[float, float] | None:
 
 def build_model(name: str, manifest, hp, seed: int) -> Model:
     """Build model ``name`` sized from a dataset ``manifest`` with hyper-parameters ``hp``."""
-    expected = MODEL_KINDS[name]
+    expected = entry(name).data
     if manifest.kind != expected:
         raise ValueError(f"model {name!r} needs a {expected} dataset, but {manifest.format!r} data is {manifest.kind}")
     if name == "pmf":
@@ -30,4 +28,4 @@ def build_model(name: str, manifest, hp, seed: int) -> Model:
     return cls(manifest.num_features, lr=hp.lr, l2=hp.l2, seed=seed)
 
 
-__all__ = ["Model", "PMF", "SparseLR", "DenseLR", "build_model", "loss_value", "MODEL_KINDS", "LOSS_NAMES"]
+__all__ = ["Model", "PMF", "SparseLR", "DenseLR", "build_model", "loss_value"]

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ebb.models.base import Model
+from ebb.catalogue import entry
 from ebb.models.metrics import classification_metrics
 from ebb.models.optim import SparseAdam
 
@@ -37,7 +38,7 @@ class DenseBatch:
 
 
 class _Logistic(Model):
-    loss_name = "logloss"
+    loss_name = entry("sparse_lr").loss_name  # and dense LR's (the catalogue says the same)
 
     def __init__(self, num_features: int, *, lr: float, l2: float, seed: int):
         self.params = {"weight": torch.zeros(num_features, 1), "bias": torch.zeros(1, 1)}

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ebb.models.base import Model
+from ebb.catalogue import entry
 from ebb.models.metrics import rmse
 from ebb.models.optim import SparseAdam, SparseSGD
 
@@ -50,7 +51,7 @@ class RatingsBatch:
 
 class PMF(Model):
     kind = "ratings"
-    loss_name = "rmse"
+    loss_name = entry("pmf").loss_name
 
     def __init__(self, num_users: int, num_items: int, *, rank: int, lr: float, momentum: float, l2: float,
                  init_std: float, global_mean: float, seed: int, rating_range: tuple[float, float] | None = None,

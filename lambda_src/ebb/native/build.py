@@ -13,6 +13,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("kernels.c")
@@ -34,7 +35,9 @@ def build(out: Path = LIBRARY, cc: str | None = None) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, loads: Callable[[Path], bool] | None = None) -> int:
+    """The command line; ``loads(path)`` says whether a built library loads (``--check``;
+    ``python -m ebb.native`` passes the package's loader)."""
     ap = argparse.ArgumentParser(prog="python -m ebb.native", description=(
         "Build Ebb's compiled kernels: ISP's payload decoding in one pass per loop. Optional: "
         "without them the engine does the same arithmetic in numpy, bit for bit, a few times "
@@ -44,9 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="only say whether the kernels load here; exit 1 if not")
     args = ap.parse_args(argv)
     if args.check:
-        from ebb.native import _load
-
-        ok = _load(args.out) is not None
+        if loads is None:
+            print("--check needs the ebb package: python -m ebb.native --check", file=sys.stderr)
+            return 2
+        ok = loads(args.out)
         print(f"{args.out}: {'loads' if ok else 'missing, stale or not loadable (EBB_NATIVE=0 also says no)'}")
         return 0 if ok else 1
     try:

@@ -1,7 +1,7 @@
 """Storage back ends behind the engine's interfaces: local ones here, AWS ones beside them.
 
-A *location* is a folder path or an ``s3://bucket/prefix`` URL; :func:`open_object_store`
-turns one into an :class:`~ebb.stores.base.ObjectStore`. boto3 is imported only when an
+A *location* is a folder path or an ``s3://bucket/prefix`` URL (``ebb.ports.objects.is_s3``);
+:func:`open_object_store` turns one into an :class:`~ebb.ports.objects.ObjectStore`. boto3 is imported only when an
 S3 location is opened, so local runs never pay for it.
 """
 
@@ -15,17 +15,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from ebb.stores.base import ObjectStore
+from ebb.ports.objects import S3_SCHEME, ObjectStore, is_s3
 from ebb.stores.local import FolderObjectStore
 
-S3_SCHEME = "s3://"
 # S3's rules for new buckets: 3-63 lowercase letters, digits, dots and hyphens.
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-
-
-def is_s3(location: str | os.PathLike) -> bool:
-    """Whether ``location`` is an ``s3://`` URL (rather than a local path)."""
-    return isinstance(location, str) and location.startswith(S3_SCHEME)
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:

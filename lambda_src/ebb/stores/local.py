@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ebb.stores.base import check_key
+from ebb.ports.objects import check_key
 
 
 class FolderObjectStore:

@@ -6,7 +6,7 @@ import queue
 import threading
 from collections.abc import Iterable
 
-from ebb.engine.messages import Directive, EndReport, StepReport, decode_directive, decode_report, encode
+from ebb.ports.messages import Directive, EndReport, StepReport, decode_directive, decode_report, encode
 
 
 class MemoryUpdateStore:

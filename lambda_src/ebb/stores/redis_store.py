@@ -3,7 +3,7 @@
 Updates are written as raw bytes (the binary ``RowUpdate`` encoding), one key per
 (step, worker), with a TTL so nothing outlives a crashed job, and deleted by the
 supervisor once every worker has applied them. Keys are sharded over several Redis
-servers by worker id (MLLess §6.5). Control messages (``ebb.engine.messages``) are JSON
+servers by worker id (MLLess §6.5). Control messages (``ebb.ports.messages``) are JSON
 documents on lists: ``reports`` (workers → supervisor) and ``dir:<worker>`` (supervisor →
 a worker), under a per-round prefix so nothing of an earlier (or crashed) round is read.
 
@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import redis
 
-from ebb.engine.messages import Directive, EndReport, StepReport, decode_directive, decode_report, encode
+from ebb.ports.messages import Directive, EndReport, StepReport, decode_directive, decode_report, encode
 
 UPDATE_TTL_S = 3600
 # Longest single blocking read a channel makes; callers loop on it up to their own
@@ -119,18 +119,18 @@ class RedisUpdateStore:
 _DELIVER = """
 local function deliver(directive, first_dir)
   local d = cjson.decode(directive)
-  local to = {}
-  for _, w in ipairs(d['to']) do to[tostring(w)] = true end
+  local trainers = {}
+  for _, w in ipairs(d['trainers']) do trainers[tostring(w)] = true end
   local targets = {}
   for i = first_dir, #KEYS do
     local w = string.match(KEYS[i], 'dir:(%d+)$')
-    if to[w] then targets[#targets + 1] = KEYS[i] end
+    if trainers[w] then targets[#targets + 1] = KEYS[i] end
   end
-  if #targets ~= #d['to'] then
-    return redis.error_reply('barrier: the directive of step ' .. d['step'] .. ' names ' .. #d['to'] ..
+  if #targets ~= #d['trainers'] then
+    return redis.error_reply('barrier: the directive of step ' .. d['step'] .. ' names ' .. #d['trainers'] ..
                              ' workers, ' .. #targets .. " of them among the step's trainers")
   end
-  d['to'] = nil
+  d['trainers'] = nil
   local senders = {}
   for _, w in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do senders[#senders + 1] = tonumber(w) end
   table.sort(senders)
@@ -156,7 +156,7 @@ for i = 1, 3 do redis.call('EXPIRE', KEYS[i], 3600) end
 -- A staged directive names who trains the step (after a lost worker, fewer than announced it).
 local staged = redis.call('GET', KEYS[4])
 local need = #m['members']
-if staged then need = #cjson.decode(staged)['to'] end
+if staged then need = #cjson.decode(staged)['trainers'] end
 if n >= need then
   if staged then
     local ok = deliver(staged, 7)
@@ -167,7 +167,7 @@ end
 return 0
 """
 
-# KEYS: senders, lastsent, count, staged, dir:<w>...; ARGV: directive (with 'to'), number of
+# KEYS: senders, lastsent, count, staged, dir:<w>...; ARGV: directive (with 'trainers'), number of
 # workers. Returns 1 if it was delivered at once (the step was complete already).
 _RELEASE = _DELIVER + """
 local n = tonumber(redis.call('GET', KEYS[3]) or '0')
@@ -210,7 +210,7 @@ class RedisSignalChannel:
             pipe.execute()
 
     def release(self, step: int, workers: list[int], directive: Directive) -> bool:
-        body = json.dumps({**json.loads(encode(directive)), "to": sorted(workers)}, separators=(",", ":"))
+        body = json.dumps({**json.loads(encode(directive)), "trainers": sorted(workers)}, separators=(",", ":"))
         return bool(self._release(keys=self._barrier_keys(step, workers), args=[body, len(workers)]))
 
     def next_reports(self, timeout: float) -> list[StepReport | EndReport]:

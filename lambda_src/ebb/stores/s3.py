@@ -21,7 +21,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from s3transfer.utils import S3_RETRYABLE_DOWNLOAD_ERRORS
 
-from ebb.stores.base import check_key
+from ebb.ports.objects import check_key
 
 # Objects of at least MULTIPART_THRESHOLD bytes go up as a multipart upload of
 # MULTIPART_PART_SIZE parts, TRANSFER_CONCURRENCY at a time (and files are fetched as that

@@ -39,8 +39,8 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from ebb.engine.messages import Directive, EndReport, MessageError, StepReport, decode_directive, decode_report, encode
-from ebb.stores.base import ObjectStore
+from ebb.ports.messages import Directive, EndReport, MessageError, StepReport, decode_directive, decode_report, encode
+from ebb.ports.objects import ObjectStore
 
 # SNS and SQS take at most 256 KiB per message, body and attributes together (names,
 # types and values all count), and the same for all the messages of one batch request.

@@ -11,7 +11,7 @@ from ebb.aws.contract import FinalizeResult, JobRef
 from ebb.aws.jobs import Job
 from ebb.aws.notify import publish_job_event
 from ebb.engine.finalize import finalize
-from ebb.engine.outputs import MODEL_KEY, REPORT_KEY
+from ebb.ports.keys import MODEL_KEY, REPORT_KEY
 
 logger = Logger(service="ebb-finalize")
 

@@ -14,9 +14,10 @@ from aws_lambda_powertools import Logger
 
 from ebb.aws.config import aws_config
 from ebb.aws.contract import FailureEvent, FailureResult
-from ebb.aws.jobs import PROGRESS_KEY, Job
+from ebb.aws.jobs import Job
 from ebb.aws.notify import publish_job_event
 from ebb.engine import checkpoint
+from ebb.ports.keys import PROGRESS_KEY, REPORT_KEY
 
 logger = Logger(service="ebb-on-failure")
 
@@ -44,9 +45,9 @@ def handler(event: dict, context) -> dict:
         job = Job.load(config, req.job_id, req.spec_key)
         report.update(_progress_so_far(job))
         report["spec"] = job.spec.model_dump(mode="json")
-        job.out.put("report.json", json.dumps(report, indent=2, default=str).encode())
+        job.out.put(REPORT_KEY, json.dumps(report, indent=2, default=str).encode())
         job.write_progress({"state": "failed", "error": message, "updated_at": time.time()})
-        report_key = f"{job.spec.out_location.rstrip('/')}/report.json"
+        report_key = f"{job.spec.out_location.rstrip('/')}/{REPORT_KEY}"
     publish_job_event(config, "job.failed", req.job_id or "(not started)", {"error": message, "report": report_key})
     logger.error("job failed", extra={"failed_state": req.failed_state, "error": message})
     return FailureResult(report_key=report_key).model_dump()
@@ -58,8 +59,8 @@ def _progress_so_far(job: Job) -> dict:
     done = checkpoint.latest(job.checkpoints)
     if done is not None:
         state = checkpoint.read_supervisor(job.checkpoints, done["round"])
-        out.update({"steps": state["clock"] + 1, "rounds": done["round"] + 1, "history": state["history"],
-                    "scale_events": state["scale_events"], "wall_seconds": state["elapsed"]})
+        out.update({"steps": state.clock + 1, "rounds": done["round"] + 1, "history": state.history,
+                    "scale_events": state.scale_events, "wall_seconds": state.elapsed})
     try:
         out["last_progress"] = json.loads(job.out.get(PROGRESS_KEY))
     except KeyError:

@@ -7,6 +7,7 @@ from aws_lambda_powertools import Logger
 from ebb.aws.config import aws_config
 from ebb.aws.contract import ValidateEvent, ValidateResult
 from ebb.aws.jobs import Job, JobSpecError, normalise_for_aws, spec_key
+from ebb.ports.keys import MANIFEST_KEY
 from ebb.spec import SpecError, parse_spec
 from ebb.stores import open_object_store
 
@@ -24,7 +25,7 @@ def handler(event: dict, context) -> dict:
         raise JobSpecError(str(exc)) from None
     key = spec_key(req.execution)
     Job.bucket_store(config).put(key, spec.model_dump_json(indent=2).encode())
-    prepare = spec.prepare is not None and not open_object_store(spec.data).exists("manifest.json")
+    prepare = spec.prepare is not None and not open_object_store(spec.data).exists(MANIFEST_KEY)
     logger.info("job validated", extra={"spec_key": key, "workers": spec.workers, "prepare": prepare})
     return ValidateResult(job_id=req.execution, spec_key=key, prepare=prepare,
                           workers=list(range(spec.workers))).model_dump()

@@ -8,8 +8,9 @@ from aws_lambda_powertools.logging.utils import copy_config_to_registered_logger
 from ebb.aws.config import aws_config
 from ebb.aws.contract import WorkerEvent, WorkerResult
 from ebb.aws.jobs import Job
-from ebb.engine import checkpoint
-from ebb.engine.worker import Worker, WorkerStart
+from ebb.engine.worker import Worker
+from ebb.ports.keys import worker_key
+from ebb.ports.launcher import WorkerStart
 
 logger = Logger(service="ebb-worker")
 copy_config_to_registered_loggers(source_logger=logger, include={"ebb"})
@@ -21,7 +22,7 @@ def handler(event: dict, context) -> dict:
     logger.append_keys(job_id=req.job_id, round=req.round, worker=req.worker)
     job = Job.load(aws_config(), req.job_id, req.spec_key)
     start = WorkerStart(worker=req.worker, members=list(range(job.spec.workers)), round=req.round,
-                        resume=checkpoint.worker_key(req.round - 1, req.worker) if req.round > 0 else None)
+                        resume=worker_key(req.round - 1, req.worker) if req.round > 0 else None)
     worker = Worker(job.spec, start, data=job.data, checkpoints=job.checkpoints, updates=job.update_store(),
                     signals=job.channel(req.round))
     outcome = worker.run()

@@ -1,9 +1,11 @@
 """What travels on a signal channel: worker reports up, supervisor directives down.
 
 Every channel (in-memory, Redis, SNS/SQS) carries the same declared types in one
-encoding, compact JSON with full field names; the Redis scripts read the same names
-(``kind``, ``step``, ``worker``, ``members``, ``sent_bytes``, ``sent_at``). A message that
-does not parse is an error naming the message, never a silent default.
+encoding, compact JSON with full field names; the Redis barrier scripts
+(``stores/redis_store.py``) read the same names: ``kind``, ``step``, ``worker``,
+``members``, ``sent_bytes`` and ``sent_at`` of a step report, and ``step`` and
+``trainers`` of a staged directive. A message that does not parse is an error naming the
+message, never a silent default.
 
 Times that cross processes (``sent_at``, ``last_sent_at``) are wall-clock seconds
 since the epoch: a monotonic clock means nothing in another process or machine.
@@ -12,7 +14,7 @@ since the epoch: a monotonic clock means nothing in another process or machine.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -25,6 +27,18 @@ class _Message(BaseModel):
     # A diverging loss is NaN or infinite and must arrive as such (JSON's NaN/Infinity
     # tokens, which Python and Redis's cjson both read), not as null.
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+
+class Scoring(_Message):
+    """A worker's scoring of its replica on the held-out split: the validation split, or
+    the test split standing in when the data has none (docs/ARCHITECTURE.md,
+    "Validation and early stopping")."""
+
+    step: int = Field(description="the step after which the replica was scored")
+    split: Literal["val", "test"]
+    epoch: float
+    metrics: dict[str, float] = Field(description="the model's metrics on the split (its loss name among them)")
+    seconds: float = Field(0.0, description="how long the scoring took")
 
 
 class StepReport(_Message):
@@ -51,7 +65,7 @@ class StepReport(_Message):
     object_gets: int = 0
     requests: int = Field(0, description="update-store round trips since the last report (announce and go included)")
     timing: dict[str, float] = Field(default_factory=dict)
-    test: dict | None = Field(None, description="a test-split scoring done since the last report")
+    scoring: Scoring | None = Field(None, description="a held-out scoring done since the last report")
 
 
 class EndReport(_Message):
@@ -71,7 +85,7 @@ class EndReport(_Message):
     pending_nnz: int = 0
 
 
-Report = Annotated[StepReport | EndReport, Field(discriminator="kind")]
+Report = StepReport | EndReport
 
 
 class Directive(_Message):
@@ -90,7 +104,7 @@ class Directive(_Message):
     last_sent_at: float | None = None
 
 
-_REPORT = TypeAdapter(Report)
+_REPORT: TypeAdapter[Report] = TypeAdapter(Annotated[Report, Field(discriminator="kind")])
 _LIST_FIELDS = ("senders", "evict", "donors", "members")
 
 
@@ -99,7 +113,7 @@ def encode(message: BaseModel) -> str:
     return message.model_dump_json(exclude_none=True)
 
 
-def _load(raw: str | bytes, what: str) -> dict:
+def _load(raw: str | bytes, what: str) -> dict[str, Any]:
     try:
         doc = json.loads(raw)
     except (ValueError, TypeError) as exc:
@@ -112,7 +126,7 @@ def _load(raw: str | bytes, what: str) -> dict:
     return doc
 
 
-def decode_report(raw: str | bytes) -> StepReport | EndReport:
+def decode_report(raw: str | bytes) -> Report:
     doc = _load(raw, "report")
     try:
         return _REPORT.validate_python(doc)

@@ -1,0 +1,133 @@
+"""When a job ends, and which scoring is the best so far (docs/ARCHITECTURE.md,
+"Validation and early stopping").
+
+The supervisor hands every closed step and every held-out scoring here; the rules read
+and update the job's ``StopState``. The first rule that holds ends the job:
+``stop.target_val`` reached ("converged"), ``stop.patience_evals`` validation scorings
+without a better one ("early_stopped"), ``stop.target_loss`` held for ``stop.patience``
+steps ("converged"), then the backstops: ``max_epochs``, ``max_seconds``, ``budget_usd``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from ebb.catalogue import entry
+from ebb.cost.model import would_exceed
+from ebb.engine.accounting import record_scoring
+from ebb.engine.errors import EngineError
+from ebb.engine.state import Best, StopReason, StopState, SupervisorState, TargetHit
+from ebb.ports.messages import Scoring, StepReport
+from ebb.spec import JobSpec
+
+
+def improved(value: float, best: float | None, min_delta: float) -> bool:
+    """Whether ``value`` beats ``best``: lower by ``min_delta``'s share at least. The one
+    rule of "better": the scoring worker keeps its best replica by it, and the supervisor
+    counts the scorings without one by it."""
+    return best is None or value < best * (1 - min_delta)
+
+
+def take_val(stop: StopState, spec: JobSpec, value: float, step: int, epoch: float | None) -> None:
+    """A validation scoring: a new best, or one more scoring without one."""
+    if improved(value, stop.best.value if stop.best else None, spec.stop.min_delta):
+        stop.best = Best(value=value, step=step, epoch=epoch, since=0)
+    elif stop.best is not None:
+        stop.best.since += 1
+
+
+def take_scoring(state: SupervisorState, spec: JobSpec, scoring: Scoring, *, now: float,
+                 fleet_clock: bool) -> tuple[str, float] | None:
+    """A held-out scoring (validation, or test standing in when there is none), of its
+    metric named like the training loss: into the history (returns what to record when its
+    step closes, if it is not closed yet), on validation a new best or one more scoring
+    without one, and the first at or below ``stop.target_val`` remembered."""
+    stop, value = state.stop, scoring.metrics[entry(spec.model).loss_name]
+    early = record_scoring(state, scoring, value)
+    if scoring.split == "val":
+        take_val(stop, spec, value, scoring.step, scoring.epoch)
+    target = spec.stop.target_val
+    if target is not None and value <= target and stop.target_hit is None:
+        at = state.history[scoring.step]["time"] if early is None else now
+        # Host time holds the scorings; fleet time never did (scoring CPU is not in cpu_seconds).
+        excluded = 0.0 if fleet_clock else state.overheads.eval_seconds - scoring.seconds
+        stop.target_hit = TargetHit(step=scoring.step, time=at, seconds_excluding_eval=at - excluded,
+                                    metric=entry(spec.model).loss_name, value=value)
+    return early
+
+
+def stop_reason(stop: StopState, spec: JobSpec, *, loss: float, epoch_next: float, epoch_limit: float,
+                elapsed: float, cost_usd: float, step: int) -> StopReason | None:
+    """Why the job stops after ``step`` (None: it goes on). ``epoch_next``: the epochs done
+    after the next step, so ``max_epochs`` stops where a step-by-step decision would."""
+    rules = spec.stop
+    if stop.target_hit is not None:
+        return "converged"
+    if stop.best is not None and stop.best.since >= rules.patience_evals:
+        return "early_stopped"
+    if rules.target_loss is not None:
+        stop.at_target = stop.at_target + 1 if loss <= rules.target_loss else 0
+        if stop.at_target >= rules.patience:
+            return "converged"
+    if epoch_next >= epoch_limit:
+        return "max_epochs"
+    if elapsed >= rules.max_seconds:
+        return "max_time"
+    if rules.budget_usd is not None and step > 0:
+        # Stop while the next steps still fit, keeping a margin for what is billed after
+        # the stop (final replicas, merge, evaluation).
+        per_step = cost_usd / (step + 1)
+        if would_exceed(cost_usd + 2 * per_step, rules.budget_usd):
+            return "budget"
+    return None
+
+
+@dataclass(frozen=True)
+class Watch:
+    """How far the rule expected to end the job has got: ``done`` of ``total``."""
+
+    rule: str  # early_stopping | target_loss | max_epochs | max_time | budget
+    done: float
+    total: float
+
+    def as_dict(self) -> dict[str, float | str]:
+        return {"rule": self.rule, "done": self.done, "total": self.total}
+
+
+def watch(stop: StopState, spec: JobSpec, *, scoring_val: bool, epoch: float, epoch_limit: float,
+          elapsed: float, cost_usd: float) -> Watch:
+    """The rule a user should watch: early stopping when validation is scored (scorings
+    since the best against ``patience_evals``), else the training-loss target, else the
+    epochs. A backstop the user set (``max_epochs``, ``max_seconds``, ``budget_usd``) takes
+    over once it is further along."""
+    rules = spec.stop
+    if scoring_val:
+        main = Watch("early_stopping", stop.best.since if stop.best else 0, rules.patience_evals)
+    elif rules.target_loss is not None:
+        main = Watch("target_loss", stop.at_target, rules.patience)
+    else:
+        main = Watch("max_epochs", epoch, epoch_limit)
+    backstops = [Watch("max_time", elapsed, rules.max_seconds)] if "max_seconds" in rules.model_fields_set else []
+    if rules.max_epochs is not None and main.rule != "max_epochs":
+        backstops.append(Watch("max_epochs", epoch, epoch_limit))
+    if rules.budget_usd is not None:
+        backstops.append(Watch("budget", cost_usd, rules.budget_usd))
+    return max([main, *backstops], key=lambda w: w.done / w.total if w.total else 0.0)
+
+
+def check_finite(step: int, loss: float, reports: Mapping[int, StepReport], *, epoch: float, lr: float | None,
+                 loss_of: Callable[[float, int], float]) -> None:
+    """A job whose training loss went non-finite cannot go on: say which workers, and what to change."""
+    if math.isfinite(loss):
+        return
+    bad = sorted(w for w, r in reports.items() if not math.isfinite(loss_of(r.loss_sum, r.samples)))
+    raise EngineError(diverged(step, bad, epoch, lr))
+
+
+def diverged(step: int, bad_workers: list[int], epoch: float, lr: float | None) -> str:
+    lr = lr or 0.0
+    return (f"the training loss diverged at step {step}: worker(s) {bad_workers} computed a non-finite loss "
+            f"(epoch {epoch:.2f}); the learning rate {lr:g} is too high for this data: lower hyper.lr (--lr), "
+            f"e.g. to {lr / 4:g}")
