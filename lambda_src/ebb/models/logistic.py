@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from ebb.models.base import Model
 from ebb.models.metrics import classification_metrics
 from ebb.models.optim import SparseAdam
+from ebb.native import training
 
 _BIAS_ROW = torch.zeros(1, dtype=torch.int64)
 
@@ -66,6 +67,11 @@ class SparseLR(_Logistic):
         sample_of = torch.repeat_interleave(torch.arange(indptr.numel() - 1), indptr.diff())
         return SparseBatch(features, feature_of, sample_of, torch.from_numpy(arrays["values"].astype(np.float32)),
                            torch.from_numpy(arrays["label"].astype(np.float32)))
+
+    def local_update(self, batch: SparseBatch):
+        """In one compiled pass where the kernels run (``ebb.native.training``), else in torch."""
+        fused = training.sparse_lr_update(self.params, self.optimizer, batch, self.l2)
+        return fused if fused is not None else super().local_update(batch)
 
     def _logits(self, b: SparseBatch):
         w = self.params["weight"].index_select(0, b.features)[:, 0]

@@ -31,6 +31,7 @@ import torch
 
 from ebb.models.base import Model
 from ebb.models.metrics import rmse
+from ebb.native import training
 from ebb.models.optim import SparseAdam, SparseSGD
 
 
@@ -76,6 +77,11 @@ class PMF(Model):
         item_count = torch.bincount(item_of).unsqueeze(1).float()
         return RatingsBatch(users, user_of, items, item_of, torch.from_numpy(arrays["rating"].astype(np.float32)),
                             user_count, item_count)
+
+    def local_update(self, batch: RatingsBatch):
+        """In one compiled pass where the kernels run (``ebb.native.training``), else in torch."""
+        fused = training.pmf_update(self.params, self.optimizer, batch, self.rank, self.mu, self.l2)
+        return fused if fused is not None else super().local_update(batch)
 
     def _forward(self, b: RatingsBatch):
         """The batch's rows (U, V), the per-rating rows (Uk, Vk) and the predictions."""
