@@ -7,7 +7,9 @@ scale) where BSP's float32 payload takes one, and every worker decodes every pee
 payload every step. ``kernels.c`` does each such loop in one pass. It is built by
 ``python -m ebb.native`` (``scripts/setup.sh`` and the worker image run it) and loaded
 with ctypes. Without it, or with ``EBB_NATIVE=0``, every caller falls back to numpy.
-Both paths give bit-identical results, so a fleet may mix them.
+Both paths give bit-identical results, so a fleet may mix them. ``train.c``, built into
+the same library, holds the training steps (``ebb.native.training``, whose fallback is
+the models' torch path) and ``add_rows``, the scatter of a local update into a replica.
 """
 
 from __future__ import annotations

@@ -62,10 +62,12 @@ EBB_BODY float axpy(const ebb_optim *o, float x, float a, float y) { /* x + a·y
     return o->fused_axpy ? fmaf(y, a, x) : x + a * y;
 }
 
-/* The optimiser state of a row that comes a few rows later: its rows lie at random in
- * tables larger than the cache, and each row's arithmetic is long enough that the CPU
- * would otherwise meet their misses one at a time. */
-#define EBB_AHEAD 8
+/* How far ahead (rows, or ratings) the loops prefetch what they will read: a batch's rows
+ * lie at random in tables larger than the cache, and each row's arithmetic is long enough
+ * that the CPU would otherwise meet their misses one at a time. */
+#define EBB_AHEAD 16
+
+/* The optimiser state of row r (when there is one). */
 EBB_BODY void prefetch_state(const ebb_param *p, int64_t r) {
     if (r >= p->k) return;
     const int64_t at = p->rows[r] * p->dim, last = at + p->dim - 1;
@@ -158,6 +160,10 @@ EBB_BODY int gather(const ebb_param *p) {
     for (int64_t r = 0; r < p->k; r++)
         if ((uint64_t)p->rows[r] >= (uint64_t)p->n_rows) return -1;
     for (int64_t r = 0; r < p->k; r++) {
+        if (r + EBB_AHEAD < p->k) {
+            __builtin_prefetch(p->table + p->rows[r + EBB_AHEAD] * p->dim);
+            __builtin_prefetch(p->table + p->rows[r + EBB_AHEAD] * p->dim + p->dim - 1);
+        }
         const float *restrict from = p->table + p->rows[r] * p->dim;
         float *restrict to = p->base + r * p->dim;
         for (int64_t j = 0; j < p->dim; j++) to[j] = from[j];
