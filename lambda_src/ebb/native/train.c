@@ -11,9 +11,10 @@
  *  - x.add(y, alpha=a) and x.addcmul(y, z, value=a) round once (a fused multiply-add)
  *    exactly where torch's kernels do: its AVX2 and AVX-512 kernels fuse, its portable
  *    one does not. ebb.native.training asks torch and tells the kernel (ebb_optim).
- * What torch computes with its own vectorised exp and pow (sparse LR's sigmoid, lazy
- * Adam's per-row bias correction) may differ in the last bit, and the loss is summed in
- * float64 where torch sums float32.
+ * What torch computes with its own vectorised libraries (lazy Adam's square root, MKL's,
+ * and per-row bias correction, SLEEF's pow; sparse LR's sigmoid, SLEEF's exp) may differ
+ * in the last bit, and the loss is summed in float64 (then rounded to float32) where
+ * torch sums float32.
  *
  * Nothing is applied to the replica: the worker applies a step's updates when it clears.
  * The optimiser's state advances in place for the rows the batch touched (lazy). Built
@@ -38,9 +39,13 @@ typedef struct {
     float momentum;        /* SGD: float32(momentum); 0 keeps no buffers */
     float beta1, beta2;    /* Adam, float32 */
     float one_minus_beta1, one_minus_beta2;
-    float step, eps;       /* Adam with steps counted per parameter: float32(-lr·√(1-β2^t)/(1-β1^t)), float32(eps·√(1-β2^t)) */
-    double lr, eps_d;      /* Adam with steps counted per row: the float64 terms of the bias correction */
-    const double *bias_terms; /* ... and [n][2] = (√(1-β2^n), √(1-β2^n)/(1-β1^n)) for a row's count n < bias_len */
+    /* Adam with steps counted per parameter, at step t: float32(-lr·√(1-β2^t)/(1-β1^t)) and
+     * float32(eps·√(1-β2^t)) */
+    float step, eps;
+    /* Adam with steps counted per row: the float64 terms of the bias correction, and for a
+     * row's count n < bias_len, bias_terms[n] = (√(1-β2^n), √(1-β2^n)/(1-β1^n)) */
+    double lr, eps_d;
+    const double *bias_terms;
     int64_t bias_len;
     double beta1_d, beta2_d; /* (for counts past the table) */
 } ebb_optim;
@@ -155,6 +160,11 @@ EBB_BODY void adam_scalar_rows(const ebb_optim *restrict o, const ebb_param *res
     for (; r < p->k; r++) optimise_row(o, p, r);
 }
 
+/* A loss summed in float64, reported as a float32 value as torch's path reports it: the
+ * supervisor adds the workers' loss sums in the order they arrive, and a few float32
+ * values add exactly in float64 whatever the order, so the job's loss is reproducible. */
+EBB_BODY double reported_loss(double sum) { return (double)(float)sum; }
+
 /* base = table[rows]; 0, or -1 with nothing written when a row is not in the table. */
 EBB_BODY int gather(const ebb_param *p) {
     for (int64_t r = 0; r < p->k; r++)
@@ -260,7 +270,7 @@ EBB_BODY int pmf_step(const ebb_param *restrict user, const ebb_param *restrict 
             optimise_row(o, p, r);
         }
     }
-    *loss_out = loss;
+    *loss_out = reported_loss(loss);
     return EBB_DONE;
 }
 
@@ -348,7 +358,7 @@ EBB_BODY int sparse_lr_step(const ebb_param *restrict weight, const ebb_param *r
     }
     bias->delta[0] = (float)g_bias;
     optimise_row(o, bias, 0);
-    *loss_out = loss;
+    *loss_out = reported_loss(loss);
     return EBB_DONE;
 }
 
@@ -393,7 +403,7 @@ int ebb_simd_enabled(void); /* kernels.c */
 #endif
 
 /* PMF at the default rank (20, MLLess's) has a copy of its own, its loops' lengths known
- * to the compiler: about 10% faster. */
+ * to the compiler (unrolled, no remainder loops). */
 EBB_BODY int pmf_step_ranked(const ebb_param *u, const ebb_param *i, int64_t rank, const int64_t *uo,
                              const int64_t *io, const float *y, int64_t n, const float *uc, const float *ic, float mu,
                              float l2, const ebb_optim *o, double *loss) {
@@ -424,7 +434,8 @@ EBB_DISPATCH(add_rows,
 int ebb_pmf_step(const ebb_param *user, const ebb_param *item, int64_t rank, const int64_t *user_of,
                  const int64_t *item_of, const float *rating, int64_t n, const float *user_count,
                  const float *item_count, float mu, float l2, const ebb_optim *opt, double *loss) {
-    return pmf_step_ranked_any(user, item, rank, user_of, item_of, rating, n, user_count, item_count, mu, l2, opt, loss);
+    return pmf_step_ranked_any(user, item, rank, user_of, item_of, rating, n, user_count, item_count, mu, l2, opt,
+                               loss);
 }
 
 /* One sparse LR step on a CSR batch: weight holds the weight table [F][1] and the batch's

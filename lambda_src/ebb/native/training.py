@@ -12,7 +12,7 @@ an optimiser or a tensor layout they do not know) — and the model takes its to
 which stays the reference. The kernels round as that path does (docs/ARCHITECTURE.md,
 "Compiled kernels"): on x86-64, PMF under SGD gives torch's bits; lazy Adam's per-row bias
 correction and sparse LR's sigmoid, which torch computes with its own vectorised pow and
-exp, may differ in the last bit; the loss is summed in float64.
+exp, may differ in the last bit; the loss is summed in float64 and reported in float32.
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ class _Param(ctypes.Structure):  # train.c's ebb_param
                 ("delta", ctypes.c_void_p)]
 
 
-def _usable(*tensors: torch.Tensor) -> bool:
-    return all(t.is_contiguous() for t in tensors)
+def _usable(dtype: torch.dtype, *tensors: torch.Tensor) -> bool:
+    """Whether the kernel can read ``tensors`` through raw pointers as ``dtype`` arrays."""
+    return all(t.dtype == dtype and t.is_contiguous() for t in tensors)
 
 
 def _known(opt, steps_per_row: bool) -> bool:
@@ -92,10 +93,12 @@ def _param(table: torch.Tensor, rows: torch.Tensor, opt, name: str) -> tuple[_Pa
     tensors it fills (None: a layout the kernel does not read)."""
     if isinstance(opt, SparseSGD):
         s0, s1, steps = opt.buffers.get(name), None, None
+        if opt.momentum and s0 is None:
+            return None
     else:
         s0, s1, steps = opt.m[name], opt.v[name], None if opt.row_steps is None else opt.row_steps[name]
-    if (table.dtype != torch.float32 or rows.dtype != torch.int64
-            or not _usable(table, rows, *(s for s in (s0, s1, steps) if s is not None))):
+    if not (_usable(torch.float32, table, *(s for s in (s0, s1) if s is not None)) and _usable(torch.int64, rows)
+            and (steps is None or _usable(torch.float64, steps))):
         return None
     base = torch.empty(rows.numel(), table.shape[1])
     delta = torch.empty(rows.numel(), table.shape[1])
@@ -110,7 +113,9 @@ def pmf_update(params: dict[str, torch.Tensor], opt, batch, rank: int, mu: float
     """``PMF.local_update(batch)`` in one pass (None: the kernels do not run here)."""
     b = batch
     if (native._lib is None or rank > MAX_RANK or not _known(opt, steps_per_row=True)
-            or not _usable(b.user_of, b.item_of, b.rating, b.user_count, b.item_count)):
+            or params["user"].shape[1] != rank + 1 or params["item"].shape[1] != rank + 1
+            or not _usable(torch.int64, b.user_of, b.item_of)
+            or not _usable(torch.float32, b.rating, b.user_count, b.item_count)):
         return None
     user = _param(params["user"], b.users, opt, "user")
     item = _param(params["item"], b.items, opt, "item")
@@ -131,8 +136,8 @@ def pmf_update(params: dict[str, torch.Tensor], opt, batch, rank: int, mu: float
 def sparse_lr_update(params: dict[str, torch.Tensor], opt, batch, l2: float) -> tuple[float, int, RowUpdate] | None:
     """``SparseLR.local_update(batch)`` in one pass (None: the kernels do not run here)."""
     b = batch
-    if (native._lib is None or not _known(opt, steps_per_row=False)
-            or not _usable(b.feature_of, b.sample_of, b.values, b.label)):
+    if (native._lib is None or not _known(opt, steps_per_row=False) or params["weight"].shape[1] != 1
+            or not _usable(torch.int64, b.feature_of, b.sample_of) or not _usable(torch.float32, b.values, b.label)):
         return None
     weight = _param(params["weight"], b.features, opt, "weight")
     bias = _param(params["bias"], _BIAS_ROW, opt, "bias")
