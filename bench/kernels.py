@@ -13,7 +13,7 @@ the median is reported, so the noise of a shared machine hits every contender al
   but no Ebb classes (no RowUpdate, no optimiser objects);
 - "torch autograd": what a user writes first: nn.Embedding(sparse=True) + backward + SGD.
 
-    python bench/kernels.py            # full (about 2 min)
+    python bench/kernels.py            # full (about 30 s)
     python bench/kernels.py --quick    # smaller, for a smoke run
 """
 
@@ -177,7 +177,7 @@ def main(argv=None):
     ap.add_argument("--json", help="output JSON path (default bench/results/kernels.json)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    n, repeats = (8, 4) if args.quick else (24, 12)  # repeats: whole ABBA rounds, so even
+    n, repeats = (8, 4) if args.quick else (48, 20)  # repeats: whole ABBA rounds, so even
     kernels = native.available()
     if not kernels:
         print("the compiled kernels are not loaded here (python -m ebb.native builds them): 'ebb' is the torch path")

@@ -3,7 +3,8 @@
 Objective per step: mean binary cross-entropy over the minibatch plus ``½λ|w_touched|²``.
 The sparse model touches only the feature rows present in the batch; the dense model
 touches every row (its updates are dense, so the significance filter decides all of
-them).
+them). Where the compiled kernels run, a sparse LR step is one pass of
+``ebb.native.training``; the torch code here is its reference and its fallback.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ Prediction ``r̂ = μ + b_u + b_i + U_u · V_i``. The per-step objective is the 
 the minibatch of ``½(r̂ − r)² + ½λ(|U_u|² + |V_i|² + b_u² + b_i²)`` (per-rating
 regularisation, as in Funk-style SGD), so the learning rate means the same thing for
 any batch size. Gradients are computed by hand over the unique users and items of the
-batch (no autograd): only those rows change.
+batch (no autograd): only those rows change. Where the compiled kernels run, a step is
+one pass of ``ebb.native.training`` with the same arithmetic; this torch code is its
+reference and its fallback.
 
 Each bias is stored as the last column of its side's table (``user`` is ``[users,
 rank + 1]``): a user's factors and bias always change together, and one row of 21
@@ -31,8 +33,8 @@ import torch
 
 from ebb.models.base import Model
 from ebb.models.metrics import rmse
-from ebb.native import training
 from ebb.models.optim import SparseAdam, SparseSGD
+from ebb.native import training
 
 
 OPTIMIZERS = ("sgd_momentum", "adam")  # the first is the default
