@@ -23,9 +23,10 @@ if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ pyproject.toml -n
   touch "$stamp"
 fi
 
-# ISP's compiled kernels, for this machine (a second; optional: without a C compiler the
-# engine does the same arithmetic in numpy, bit for bit, only slower).
-.venv/bin/python -m ebb.native || echo "    no kernels: ISP payloads will be decoded with numpy"
+# The compiled kernels (ISP's codec, the models' training steps), for this machine (a few
+# seconds; optional: without a C compiler the engine does the same arithmetic in numpy and
+# torch, only slower).
+.venv/bin/python -m ebb.native || echo "    no kernels: numpy decodes ISP payloads and torch trains"
 
 # `cdk synth` needs the layer folder; staged for x86_64 (see scripts/build_layer.sh --help).
 bash scripts/build_layer.sh

@@ -25,14 +25,9 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def library(tmp_path_factory):
-    path = build(tmp_path_factory.mktemp("native") / "_kernels.so")
-    with pytest.MonkeyPatch.context() as env:  # this file compares both paths, even when EBB_NATIVE=0 is set
-        env.delenv("EBB_NATIVE", raising=False)
-        lib = native._load(path)
-    assert lib is not None
-    return lib
+@pytest.fixture
+def library(native_library):
+    return native_library
 
 
 def _payload(rng, k: int, dim: int, density: float, nan_row: bool = False) -> bytes:

@@ -401,9 +401,11 @@ def _decode_indices(
 
 
 def apply_update(params: dict[str, torch.Tensor], update: RowUpdate, scale: float = 1.0) -> None:
-    """Add ``scale * update`` into ``params`` in place (indices within one param are unique)."""
+    """Add ``scale * update`` into ``params`` in place (indices within one param are unique):
+    whole rows in one compiled pass where the kernels run (``ebb.native.add_rows``, torch's
+    rounding), else by torch's ``index_add_``."""
     for name, (idx, vals) in update.rows.items():
-        if idx.numel():
+        if idx.numel() and not native.add_rows(params[name], idx, vals, scale):
             params[name].index_add_(0, idx, vals, alpha=scale)
     for name, (_, flat, vals) in (update.elements or {}).items():
         if flat.numel():

@@ -3,7 +3,8 @@
 Objective per step: mean binary cross-entropy over the minibatch plus ``½λ|w_touched|²``.
 The sparse model touches only the feature rows present in the batch; the dense model
 touches every row (its updates are dense, so the significance filter decides all of
-them).
+them). Where the compiled kernels run, a sparse LR step is one pass of
+``ebb.native.training``; the torch code here is its reference and its fallback.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ebb.models.base import Model
 from ebb.catalogue import entry
 from ebb.models.metrics import classification_metrics
 from ebb.models.optim import SparseAdam
+from ebb.native import training
 
 _BIAS_ROW = torch.zeros(1, dtype=torch.int64)
 
@@ -67,6 +69,11 @@ class SparseLR(_Logistic):
         sample_of = torch.repeat_interleave(torch.arange(indptr.numel() - 1), indptr.diff())
         return SparseBatch(features, feature_of, sample_of, torch.from_numpy(arrays["values"].astype(np.float32)),
                            torch.from_numpy(arrays["label"].astype(np.float32)))
+
+    def local_update(self, batch: SparseBatch):
+        """In one compiled pass where the kernels run (``ebb.native.training``), else in torch."""
+        fused = training.sparse_lr_update(self.params, self.optimizer, batch, self.l2)
+        return fused if fused is not None else super().local_update(batch)
 
     def _logits(self, b: SparseBatch):
         w = self.params["weight"].index_select(0, b.features)[:, 0]

@@ -4,7 +4,9 @@ Prediction ``r̂ = μ + b_u + b_i + U_u · V_i``. The per-step objective is the 
 the minibatch of ``½(r̂ − r)² + ½λ(|U_u|² + |V_i|² + b_u² + b_i²)`` (per-rating
 regularisation, as in Funk-style SGD), so the learning rate means the same thing for
 any batch size. Gradients are computed by hand over the unique users and items of the
-batch (no autograd): only those rows change.
+batch (no autograd): only those rows change. Where the compiled kernels run, a step is
+one pass of ``ebb.native.training`` with the same arithmetic; this torch code is its
+reference and its fallback.
 
 Each bias is stored as the last column of its side's table (``user`` is ``[users,
 rank + 1]``): a user's factors and bias always change together, and one row of 21
@@ -33,6 +35,7 @@ from ebb.models.base import Model
 from ebb.catalogue import entry
 from ebb.models.metrics import rmse
 from ebb.models.optim import SparseAdam, SparseSGD
+from ebb.native import training
 
 
 OPTIMIZERS = ("sgd_momentum", "adam")  # the first is the default
@@ -77,6 +80,11 @@ class PMF(Model):
         item_count = torch.bincount(item_of).unsqueeze(1).float()
         return RatingsBatch(users, user_of, items, item_of, torch.from_numpy(arrays["rating"].astype(np.float32)),
                             user_count, item_count)
+
+    def local_update(self, batch: RatingsBatch):
+        """In one compiled pass where the kernels run (``ebb.native.training``), else in torch."""
+        fused = training.pmf_update(self.params, self.optimizer, batch, self.rank, self.mu, self.l2)
+        return fused if fused is not None else super().local_update(batch)
 
     def _forward(self, b: RatingsBatch):
         """The batch's rows (U, V), the per-rating rows (Uk, Vk) and the predictions."""

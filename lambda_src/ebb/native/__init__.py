@@ -1,4 +1,5 @@
-"""Ebb's optional compiled kernels: ISP's codec hot loops in one pass each.
+"""Ebb's optional compiled kernels: ISP's codec hot loops in one pass each, and the models'
+training steps (``ebb.native.training``).
 
 numpy costs one pass over the data per operation. Decoding a masked int8 payload takes
 five of them (unpack the masks, find the carried positions, scatter the codes, widen,
@@ -6,22 +7,26 @@ scale) where BSP's float32 payload takes one, and every worker decodes every pee
 payload every step. ``kernels.c`` does each such loop in one pass. It is built by
 ``python -m ebb.native`` (``scripts/setup.sh`` and the worker image run it) and loaded
 with ctypes. Without it, or with ``EBB_NATIVE=0``, every caller falls back to numpy.
-Both paths give bit-identical results, so a fleet may mix them.
+Both paths give bit-identical results, so a fleet may mix them. ``train.c``, built into
+the same library, holds the training steps (``ebb.native.training``, whose fallback is
+the models' torch path) and ``add_rows``, the scatter of a local update into a replica.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+from functools import cache
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ebb.native.build import LIBRARY
 
 _FORMS = {None: 0, "q8": 1, "f16": 2}  # the kernel's `quantize` argument
 
-KERNELS_VERSION = 4  # kernels.c's ebb_kernels_version(): a library that says otherwise is stale
+KERNELS_VERSION = 5  # kernels.c's ebb_kernels_version(): a library that says otherwise is stale
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -40,6 +45,13 @@ def _load(path: Path = LIBRARY) -> ctypes.CDLL | None:
         lib.ebb_mask_elements.argtypes = (_P, _I, _I, _I, _P, _I, _P, _P, _P, _P, _P)
         lib.ebb_isp_filter.restype = _I
         lib.ebb_isp_filter.argtypes = (_P, _I, _P, _I, _P, _P, ctypes.c_float, ctypes.c_int, _P, _P, _P, _P, _P, _P)
+        _F = ctypes.c_float
+        lib.ebb_pmf_step.restype = ctypes.c_int
+        lib.ebb_pmf_step.argtypes = (_P, _P, _I, _P, _P, _P, _I, _P, _P, _F, _F, _P, _P)
+        lib.ebb_sparse_lr_step.restype = ctypes.c_int
+        lib.ebb_sparse_lr_step.argtypes = (_P, _P, _P, _P, _P, _I, _P, _I, _F, _P, _P, _P)
+        lib.ebb_add_rows.restype = ctypes.c_int
+        lib.ebb_add_rows.argtypes = (_P, _I, _I, _P, _I, _P, _F, _P)
     except (OSError, AttributeError):  # built for another machine, or stale: numpy does the work
         return None
     return lib
@@ -131,3 +143,44 @@ def isp_filter(table: np.ndarray, rows: np.ndarray, vals: np.ndarray, x: np.ndar
     if q < 0:
         return None
     return at[:q], sent[:q], None if codes is None else codes[:q], None if scales is None else scales[:q]
+
+
+class Optim(ctypes.Structure):
+    """train.c's ebb_optim: an optimiser's scalars, rounded as torch rounds them (see
+    ``ebb.native.training``)."""
+
+    _fields_ = [("kind", ctypes.c_int32), ("fused_axpy", ctypes.c_int32), ("fused_addcmul", ctypes.c_int32),
+                ("nesterov", ctypes.c_int32), ("lr_neg", ctypes.c_float), ("momentum", ctypes.c_float),
+                ("beta1", ctypes.c_float), ("beta2", ctypes.c_float), ("one_minus_beta1", ctypes.c_float),
+                ("one_minus_beta2", ctypes.c_float), ("step", ctypes.c_float), ("eps", ctypes.c_float),
+                ("lr", ctypes.c_double), ("eps_d", ctypes.c_double), ("bias_terms", ctypes.c_void_p),
+                ("bias_len", ctypes.c_int64), ("beta1_d", ctypes.c_double), ("beta2_d", ctypes.c_double)]
+
+
+@cache
+def torch_fuses() -> tuple[bool, bool]:
+    """Whether torch rounds ``x.add(y, alpha=a)`` (and ``index_add_``) and ``x.addcmul(y, z,
+    value=a)`` once, as a fused multiply-add (its AVX2 and AVX-512 kernels), or twice (its
+    portable ones): asked of torch itself, on 64 values (its vector loop and its tail) where
+    the two differ."""
+    near_one = torch.full((64,), 1.0 + 2.0**-12)  # squared: 1 + 2^-11 + 2^-24, a tie in float32
+    axpy = torch.full((64,), -1.0).add_(near_one, alpha=1.0 + 2.0**-12)
+    addcmul = torch.full((64,), -1.0).addcmul_(near_one, near_one, value=1.0)
+    once = 2.0**-11 + 2.0**-24
+    return bool((axpy == once).all()), bool((addcmul == once).all())
+
+
+def add_rows(table: torch.Tensor, rows: torch.Tensor, vals: torch.Tensor, scale: float = 1.0) -> bool:
+    """``table.index_add_(0, rows, vals, alpha=scale)`` for unique ``rows``, rounded as torch
+    rounds it, in one pass. False (nothing done) where the kernels do not run or the
+    tensors are not contiguous float32 [N, dim], int64 [k] and float32 [k, dim]: the caller
+    runs torch. Raises IndexError, having written nothing, for a row not in ``table``."""
+    if (_lib is None or table.dtype != torch.float32 or vals.dtype != torch.float32 or rows.dtype != torch.int64
+            or table.dim() != 2 or vals.shape != (rows.numel(), table.shape[1])
+            or not (table.is_contiguous() and rows.is_contiguous() and vals.is_contiguous())):
+        return False
+    opt = Optim(fused_axpy=torch_fuses()[0])
+    if _lib.ebb_add_rows(table.data_ptr(), table.shape[0], table.shape[1], rows.data_ptr(), rows.numel(),
+                         vals.data_ptr(), scale, ctypes.addressof(opt)):
+        raise IndexError(f"an update's row is out of range of a table of {table.shape[0]} rows")
+    return True

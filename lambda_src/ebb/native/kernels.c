@@ -11,7 +11,7 @@
 
 /* ebb.native loads a library only if this matches its KERNELS_VERSION: bump both when a
  * kernel's signature or meaning changes, so a stale build is never called. */
-int ebb_kernels_version(void) { return 4; }
+int ebb_kernels_version(void) { return 5; }
 
 /* Whether a kernel may use the CPU's vector instructions (where it has a path for them);
  * the tests turn it off to check the portable path gives the same bits. Returns the old. */
@@ -21,6 +21,7 @@ int ebb_set_simd(int on) {
     use_simd = on;
     return was;
 }
+int ebb_simd_enabled(void) { return use_simd; }
 
 /* For a mask byte b: where each of its 8 entries finds its code among the next 8 carried
  * codes (0x80: nowhere, code 0; the form SSSE3's byte shuffle takes), and how many codes
