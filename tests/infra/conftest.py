@@ -2,9 +2,10 @@
 
 - `default`: cdk.json as it ships.
 - `scaled`: a large deployment: 64 workers (Distributed Map), NAT egress, a sharded and
-  replicated cache, worker concurrency reserved, the data kept on `cdk destroy`.
+  replicated cache, worker concurrency reserved, the data kept on `cdk destroy`; for a
+  region and account, as a real deploy is.
 - `serverless`: the serverless cache, Valkey engine, and a data bucket kept from an earlier
-  deployment (imported, not created).
+  deployment (imported, not created); for a region.
 
 cdk-nag runs in every synthesis and any unacknowledged finding makes it raise, so each
 fixture is also a nag check of its variant. Run this layer alone with
@@ -16,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from infra_helpers import ROOT, SCALED, SERVERLESS, Synthesis, cdk_cli_synth, synthesise
+from infra_helpers import ROOT, SCALED, SCALED_ENV, SERVERLESS, SERVERLESS_ENV, Synthesis, cdk_cli_synth, synthesise
 
 # The two slow checks run as subprocesses started as early as possible, so that they overlap
 # the in-process syntheses: `npx cdk synth` at the start of the session, cfn-lint right after
@@ -53,8 +54,8 @@ def cli_synth(request, tmp_path_factory):
     _stop(process)
 
 
-def _variant(request, tmp_path_factory, name: str, context: dict | None):
-    synth = synthesise(tmp_path_factory.mktemp(f"cdk-{name}"), context, lint=_selected(request, LINT_TEST))
+def _variant(request, tmp_path_factory, name: str, context: dict | None, **env):
+    synth = synthesise(tmp_path_factory.mktemp(f"cdk-{name}"), context, lint=_selected(request, LINT_TEST), **env)
     yield synth
     _stop(synth.lint)
 
@@ -66,9 +67,9 @@ def default(request, tmp_path_factory) -> Synthesis:
 
 @pytest.fixture(scope="session")
 def scaled(request, tmp_path_factory) -> Synthesis:
-    yield from _variant(request, tmp_path_factory, "scaled", SCALED)
+    yield from _variant(request, tmp_path_factory, "scaled", SCALED, **SCALED_ENV)
 
 
 @pytest.fixture(scope="session")
 def serverless(request, tmp_path_factory) -> Synthesis:
-    yield from _variant(request, tmp_path_factory, "serverless", SERVERLESS)
+    yield from _variant(request, tmp_path_factory, "serverless", SERVERLESS, **SERVERLESS_ENV)
