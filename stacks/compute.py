@@ -204,7 +204,7 @@ _WHY_WRITES = {
     "*": "reads of any object: a job's data may sit under any prefix of the bucket",
     f"{names.CHECKPOINTS}*": "worker and supervisor write and remove their round checkpoints; finalize removes them",
     f"{names.SCRATCH}*": "the SNS/SQS channel's payloads over 256 KB, written and removed by worker and supervisor",
-    f"{names.DATASETS}*": "prepare writes a dataset's minibatches and manifest only here",
+    f"{names.DATASETS}*": "prepare writes (and replaces) a dataset's minibatches and manifest only here",
     f"{names.JOBS}*": "finalize writes a job's outputs, on_failure its failed report and abort marker, only here",
     f"{names.JOBS}*/{names.SPEC_FILE}": "validate writes the normalised job spec, and nothing else",
     f"{names.JOBS}*/{names.PROGRESS_FILE}": "the supervisor writes the job's progress for `ebb watch`, nothing else",
@@ -264,8 +264,8 @@ def _acknowledge_role_findings(function: lambda_.Function, *, in_vpc: bool, trac
         ("Action::s3:GetObject*", "CDK's bucket read grant: GetObject and its version and attribute variants."),
         ("Action::s3:GetBucket*", "CDK's bucket read grant: the bucket's location and metadata."),
         ("Action::s3:List*", "CDK's bucket read grant: listing the bucket (datasets, checkpoints)."),
-        ("Action::s3:DeleteObject*", ("CDK's delete grant, on checkpoints/ and scratch/ only: their writers "
-                                      "remove old checkpoints and signal payloads.")),
+        ("Action::s3:DeleteObject*", ("CDK's delete grant, only where a function replaces what it wrote: old "
+                                      "checkpoints, signal payloads, a dataset's stale parts (ebb.aws.names).")),
         ("Action::s3:Abort*", "CDK's put grant: aborting its own multipart uploads (large checkpoints, datasets)."),
         ("Action::kms:GenerateDataKey*", ("CDK's publish grant on an encrypted topic: data keys from the topics' "
                                           "own KMS key, which encrypts nothing else.")),

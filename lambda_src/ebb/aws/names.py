@@ -57,6 +57,7 @@ PUT = MappingProxyType({
 DELETE = MappingProxyType({
     "worker": (f"{CHECKPOINTS}*", f"{SCRATCH}*"),  # old rounds' checkpoints, payloads read
     "supervisor": (f"{CHECKPOINTS}*", f"{SCRATCH}*"),
+    "prepare": (f"{DATASETS}*",),  # the old manifest and stale parts of a dataset prepared again
     "finalize": (f"{CHECKPOINTS}*",),  # a finished job's checkpoints
 })
 FUNCTIONS = tuple(PUT)  # by handler module: ebb.aws.handlers.<name>.handler
