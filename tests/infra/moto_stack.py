@@ -503,16 +503,25 @@ def serve(template_path: str, state_file: str) -> int:
     with tempfile.TemporaryDirectory(prefix="ebb-rehearsal-") as folder, \
             stack_in_moto(template, Path(folder)) as running:
         stack = running.stack
-        state = {"endpoint": running.endpoint, "region": REGION, "stack": stack.stack_name, **stack.admin,
-                 "resources": len(stack.physical), "stand_ins": STAND_INS}
-        Path(state_file).write_text(json.dumps(state))
+        status = stack.client("cloudformation").describe_stacks(StackName=stack.stack_name)["Stacks"][0]
+        print(f"stack {stack.stack_name}: {status['StackStatus']} in moto's CloudFormation at {running.endpoint}, "
+              f"{len(stack.physical)} resources; IAM enforced", flush=True)
+        removed = sorted({r["Type"] for r in template["Resources"].values() if r["Type"] in STAND_INS})
+        for type_ in removed:
+            print(f"  {type_}: moto cannot create it; in its place: {STAND_INS[type_]}", flush=True)
+        Path(state_file).write_text(json.dumps({"endpoint": running.endpoint, "region": REGION,
+                                                "stack": stack.stack_name, **stack.admin}))
         stopped.wait()
-        denied = stack.denied
         calls = running.runtime.calls
-        print(f"rehearsal server: {len(calls)} invocations, {len(denied)} requests refused by IAM", file=sys.stderr)
-        for principal, action, resource in denied:
-            print(f"  denied: {principal} {action} {resource}", file=sys.stderr)
-    return 0
+        failed = [c for c in calls if c.error]
+        print(f"emulator: {len(calls)} invocations ({len(failed)} failed), {len(stack.denied)} requests "
+              "refused by IAM", flush=True)
+        for principal, action, resource in stack.denied:
+            print(f"  refused: {principal} {action} {resource}", flush=True)
+        for call in failed:
+            print(f"  failed: {call.function} {call.error.get('errorType')}: {call.error.get('errorMessage')}",
+                  flush=True)
+    return 1 if stack.denied else 0
 
 
 if __name__ == "__main__":

@@ -13,12 +13,15 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
+import subprocess
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from moto_stack import stack_in_moto
+from infra_helpers import ROOT
+from moto_stack import STAND_INS, stack_in_moto
 
 from ebb.aws import names
 from ebb.data.synth import synth_ratings
@@ -352,3 +355,25 @@ def test_removing_a_grant_the_runtime_needs_fails_the_rehearsal(default, small_r
         _all_return(aws, job)
     finally:
         running.__exit__(None, None, None)
+
+
+# -- scripts/rehearse.sh: the same stack, used through the ebb command --------------------------
+def test_rehearse_sh_creates_the_stack_and_runs_a_job_as_a_user_would(default):
+    template = default.outdir / "Ebb.template.json"
+    done = subprocess.run(["bash", "scripts/rehearse.sh", "--template", str(template)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, check=False)
+    out = done.stdout
+    assert done.returncode == 0, out[-4000:] + done.stderr[-2000:]
+    assert re.search(r"stack Ebb: CREATE_COMPLETE in moto's CloudFormation at http://127\.0\.0\.1:\d+, \d+ resources; "
+                     r"IAM enforced", out)
+    # Each type moto cannot create is named, with what stands in for it.
+    present = {r["Type"] for r in default.resources.values()} & set(STAND_INS)
+    assert present and all(f"{t}: moto cannot create it; in its place: {STAND_INS[t]}" in out for t in present)
+    watched = out[out.index("==> ebb watch"):out.index("==> ebb report")]
+    assert re.search(r"succeeded +round 0 +step 3", watched), watched
+    assert re.search(r"max_epochs: 4 steps, .*; test rmse \d\.\d{4}; est\. AWS cost \$", out), out
+    assert "0 requests refused by IAM" in out and out.rstrip().endswith("its report is above")
+
+    missing = subprocess.run(["bash", "scripts/rehearse.sh", "--template", str(template) + ".missing"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert missing.returncode == 2 and "no such file" in missing.stderr
