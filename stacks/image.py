@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 
 BASE = "public.ecr.aws/lambda/python"
@@ -20,6 +21,9 @@ BASE = "public.ecr.aws/lambda/python"
 GLIBC = {"3.9": 26, "3.10": 26, "3.11": 26, "3.12": 34, "3.13": 34, "3.14": 34}
 MACHINES = {"x86_64": "x86_64", "arm64": "aarch64"}
 _FROM = re.compile(r"^FROM\s+(\S+)", re.MULTILINE)
+_TORCH = re.compile(r"\btorch==(\S+)")
+# What the CPU build of torch depends on (PyPI's torch is the CUDA build, which adds nvidia-*).
+TORCH_CPU_DEPENDENCIES = ("filelock", "typing-extensions", "sympy", "networkx", "jinja2", "fsspec")
 
 
 class ImageError(ValueError):
@@ -54,6 +58,35 @@ def wheel_platforms(python: str, architecture: str) -> list[str]:
     tags = [f"manylinux_2_{minor}_{machine}" for minor in range(newest, oldest - 1, -1)]
     legacy = {"manylinux2014": 17, "manylinux2010": 12, "manylinux1": 5}
     return tags + [f"{name}_{machine}" for name, minor in legacy.items() if oldest <= minor <= newest]
+
+
+def torch_pin(lambda_src: Path) -> str:
+    """The torch version the Dockerfile installs."""
+    found = _TORCH.search((Path(lambda_src) / "Dockerfile").read_text())
+    if found is None:
+        raise ImageError("lambda_src/Dockerfile installs no torch==VERSION")
+    return found.group(1)
+
+
+def wheel_resolution(lambda_src: Path, architecture: str, report_dir: Path,
+                     python: str | None = None) -> list[list[str]]:
+    """The pip dry runs that resolve every package of the image as wheels for exactly the base's
+    Python and platform tags (a pin or a base without wheels fails them, as it would fail the
+    image's build): torch alone, then requirements-image.txt with torch's CPU dependencies.
+    Each writes pip's JSON report into `report_dir`. `python` overrides the base's (to show
+    that another base fails)."""
+    lambda_src = Path(lambda_src)
+    python = python or image_python(lambda_src)
+    common = ["--dry-run", "--quiet", "--disable-pip-version-check", "--only-binary=:all:", "--python-version",
+              python, "--implementation", "cp", "--target", str(Path(report_dir) / "target")]
+    for platform in wheel_platforms(python, architecture):
+        common += ["--platform", platform]
+    return [
+        [sys.executable, "-m", "pip", "install", *common, "--no-deps", "--report", str(Path(report_dir) / "torch.json"),
+         f"torch=={torch_pin(lambda_src)}"],
+        [sys.executable, "-m", "pip", "install", *common, "--report", str(Path(report_dir) / "packages.json"),
+         "-r", str(lambda_src / "requirements-image.txt"), *TORCH_CPU_DEPENDENCIES],
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ JOB = {"model": "pmf", "workers": 2, "seed": 3, "hyper": {"rank": 6}, "stop": {"
 
 TOKEN = "ebb-auth-" + secrets.token_hex(12)  # the cache's AUTH token: must never show anywhere
 # What the stack tells Validate (stacks/settings.py, Settings.deployment).
-DEPLOYMENT = {"worker_memory_mb": 2048, "supervisor_memory_mb": 1024, "supervisor_timeout_s": 900, "arch": "arm64",
+DEPLOYMENT = {"worker_memory_mb": 2048, "supervisor_memory_mb": 1536, "supervisor_timeout_s": 900, "arch": "arm64",
               "worker_reserved": None, "supervisor_reserved": None, "map": "inline",
               "cache_node_type": "cache.t4g.small", "cache_nodes": 1}
 
@@ -178,7 +178,7 @@ def test_validate_names_the_bad_field_and_the_prepare_state_prepares(deployment,
     stored = json.loads(_stored(d, state["spec_key"]))
     assert stored["out"] == f"{bucket}/jobs/mine"
     assert {k: stored["aws"][k] for k in ("memory_mb", "supervisor_memory_mb", "arch", "cache_node_type")} == {
-        "memory_mb": 2048, "supervisor_memory_mb": 1024, "arch": "arm64", "cache_node_type": "cache.t4g.small"}
+        "memory_mb": 2048, "supervisor_memory_mb": 1536, "arch": "arm64", "cache_node_type": "cache.t4g.small"}
     # A job with a prepare section and no prepared data yet: Validate says so, Prepare does it.
     from ebb.data.synth import synth_ratings
 

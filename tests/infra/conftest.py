@@ -24,6 +24,7 @@ from infra_helpers import ROOT, SCALED, SCALED_ENV, SERVERLESS, SERVERLESS_ENV, 
 # each synthesis. Each starts only when the test that reads it is selected.
 CLI_TEST = "test_npx_cdk_synth_works_offline"
 LINT_TEST = "test_cfn_lint_is_clean"
+WHEELS_TEST = "test_every_package_of_the_image_installs_as_a_wheel_on_its_base"
 
 
 def pytest_collection_modifyitems(items):
@@ -52,6 +53,33 @@ def cli_synth(request, tmp_path_factory):
     process = cdk_cli_synth(outdir)
     yield process, outdir
     _stop(process)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def wheel_checks(request, tmp_path_factory):
+    """{check: [(pip process, report folder), ...]}: the image's wheel resolution for each
+    architecture, and for the Python 3.11 base (which must fail), started with the session
+    (they wait on the package registry, not on this machine)."""
+    if not _selected(request, WHEELS_TEST):
+        yield None
+        return
+    import os
+    import subprocess
+
+    from stacks.image import wheel_resolution
+
+    # The registry as a Docker build sees it: none of this machine's pip configuration.
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
+    checks = {}
+    for name, arch, python in (("x86_64", "x86_64", None), ("arm64", "arm64", None), ("python3.11", "x86_64", "3.11")):
+        folder = tmp_path_factory.mktemp(f"wheels-{name}")
+        commands = wheel_resolution(ROOT / "lambda_src", arch, folder, python=python)[:1 if python else None]
+        checks[name] = [(subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+                         folder) for c in commands]
+    yield checks
+    for processes in checks.values():
+        for process, _ in processes:
+            _stop(process)
 
 
 def _variant(request, tmp_path_factory, name: str, context: dict | None, **env):
