@@ -4,6 +4,7 @@
                               ^                               |
                               +--- status == "unfinished" ----+--> Finalize -> Succeed
     any Catch -> <State>Failed (records failed_state) -> OnFailure -> Fail (OnFailure's own Catch: Fail)
+    execution stopped or timed out -> (EventBridge rule) -> OnFailure
 
 The Round reduces the Parallel's [supervisor branch, workers] output to the supervisor's
 result plus job_id and spec_key: the supervisor branch ends in a Pass that builds that
@@ -33,6 +34,8 @@ counters and error messages.
 from __future__ import annotations
 
 from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Stack, Token, Validations
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
@@ -127,6 +130,7 @@ class Workflow(Construct):
             logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=True),
             comment="Ebb: train one job (docs/AWS.md)",
         )
+        self.stopped_rule = self._on_stopped(functions["onFailure"])
 
         for function in functions.values():
             Validations.of(self.state_machine).acknowledge(Acknowledgment(
@@ -150,6 +154,23 @@ class Workflow(Construct):
             id="AwsSolutions-IAM5[Resource::*]",
             reason="X-Ray's PutTraceSegments/PutTelemetryRecords and CloudWatch Logs' vended log delivery actions "
                    "(CreateLogDelivery, PutResourcePolicy, ...) accept no resource scope."))
+
+    def _on_stopped(self, on_failure: lambda_.IFunction) -> events.Rule:
+        """An execution stopped by hand (ABORTED) or past its timeout (TIMED_OUT) runs no Catch:
+        this rule hands it to OnFailure, whose abort marker stops the invocations still running
+        and whose report and event say so (docs/AWS.md, "Abort")."""
+        rule = events.Rule(
+            self, "ExecutionStopped",
+            description="An Ebb execution that was stopped or timed out: OnFailure stops its job",
+            event_pattern=events.EventPattern(
+                source=["aws.states"], detail_type=["Step Functions Execution Status Change"],
+                detail={"stateMachineArn": [self.state_machine.state_machine_arn], "status": ["ABORTED", "TIMED_OUT"]}))
+        rule.add_target(targets.LambdaFunction(on_failure, retry_attempts=4, event=events.RuleTargetInput.from_object({
+            "job_id": events.EventField.from_path("$.detail.name"),
+            "failed_state": names.EXECUTION,
+            "error": {"Error": events.EventField.from_path("$.detail.status"),
+                      "Cause": "the execution ended before its job did (stopped by hand, or past its timeout)"}})))
+        return rule
 
     def _invoke(self, name: str, function: lambda_.IFunction, payload: sfn.TaskInput, **kwargs) -> tasks.LambdaInvoke:
         task = tasks.LambdaInvoke(self, name, lambda_function=function, payload=payload,

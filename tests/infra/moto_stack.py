@@ -19,8 +19,12 @@ its own under its function's role.
 - ``python tests/infra/moto_stack.py serve TEMPLATE STATE_FILE`` (scripts/rehearse.sh) does
   the same and serves until stopped, for the ``ebb`` commands to use as a deployed stack.
 
+- moto's Step Functions emits no EventBridge events: ``RunningStack.execution_status_changed``
+  delivers an execution's status change to the template's rules' targets, as EventBridge would.
+
 What is not reproduced: networks (VPC, subnets, security groups, endpoints), KMS, resource
-policies, log delivery, alarms; and a function's code (the worktree's ``ebb`` runs).
+policies (a function's permission for EventBridge included), log delivery, alarms; and a
+function's code (the worktree's ``ebb`` runs).
 docs/AWS.md, "What the rehearsal proves", says what only a real account shows.
 """
 
@@ -431,6 +435,46 @@ class RunningStack:
     runtime: LambdaRuntime
     cache: TlsRedisServers
     endpoint: str
+
+    def execution_status_changed(self, execution_arn: str, status: str) -> list[threading.Thread]:
+        """Play EventBridge for the template's rules on Step Functions status changes (moto's
+        executor emits no events): each target a rule matches is invoked with its input
+        transformer's rendering of the event, on a thread of its own (EventBridge invokes
+        asynchronously). Returns the threads."""
+        machine = execution_arn.replace(":execution:", ":stateMachine:").rsplit(":", 1)[0]
+        event = {"source": "aws.states", "detail-type": "Step Functions Execution Status Change",
+                 "detail": {"executionArn": execution_arn, "stateMachineArn": machine,
+                            "name": execution_arn.rsplit(":", 1)[-1], "status": status}}
+        threads = []
+        for resource in self.stack.template["Resources"].values():
+            if resource["Type"] != "AWS::Events::Rule":
+                continue
+            pattern = resource["Properties"]["EventPattern"]
+            detail = pattern["detail"]
+            if (event["source"] not in pattern["source"] or event["detail-type"] not in pattern["detail-type"]
+                    or status not in detail["status"]
+                    or {"Ref": next(k for k, v in self.stack.physical.items() if v == machine)}
+                    not in detail["stateMachineArn"]):
+                continue
+            for target in resource["Properties"]["Targets"]:
+                function = self.stack.physical[target["Arn"]["Fn::GetAtt"][0]]
+                payload = _render(target["InputTransformer"], event)
+                thread = threading.Thread(target=self.stack.client("lambda").invoke, daemon=True, kwargs={
+                    "FunctionName": function, "Payload": json.dumps(payload).encode()})
+                thread.start()
+                threads.append(thread)
+        return threads
+
+
+def _render(transformer: dict, event: dict) -> dict:
+    """An EventBridge input transformer applied to `event` (paths of the form $.a.b)."""
+    text = transformer["InputTemplate"]
+    for key, path in transformer["InputPathsMap"].items():
+        value = event
+        for part in path.removeprefix("$.").split("."):
+            value = value[part]
+        text = text.replace(f'"<{key}>"', json.dumps(str(value))).replace(f"<{key}>", json.dumps(value))
+    return json.loads(text)
 
 
 @contextlib.contextmanager

@@ -66,7 +66,7 @@ def _stand_up(template: dict, folder: Path, prepared: str | None):
     events_arn = sqs.get_queue_attributes(QueueUrl=events, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     stack.client("sns").subscribe(TopicArn=stack.output(names.EVENTS_TOPIC_OUTPUT), Protocol="sqs",
                                   Endpoint=events_arn, Attributes={"RawMessageDelivery": "true"})
-    aws = SimpleNamespace(stack=stack, runtime=entered.runtime, bucket=bucket, s3=s3, sqs=sqs,
+    aws = SimpleNamespace(stack=stack, runtime=entered.runtime, running=entered, bucket=bucket, s3=s3, sqs=sqs,
                           sfn=stack.client("stepfunctions"), events_queue=events, events=[],
                           token=stack.cache_token)
     return running, aws
@@ -253,6 +253,34 @@ def test_a_lost_worker_fails_the_job_and_no_invocation_runs_on(aws):
     time.sleep(1)  # nothing writes after the invocations have returned
     assert _progress(aws, job)["state"] == "failed", (took, _progress(aws, job))
     assert json.loads(_stored(aws, f"jobs/{job}/abort.json"))["reason"].startswith("Round failed: Runtime.ExitError")
+    assert aws.stack.denied == []
+
+
+def test_a_stopped_execution_stops_its_invocations(aws):
+    """Stopped by hand (or timed out), an execution runs no Catch: the rule on its status change
+    hands it to OnFailure, whose marker stops the round's supervisor and workers."""
+    job = "rehearse-stopped-1"
+    arn = _start(aws, job, {**JOB, "data": "datasets/ml", "round_steps": None, "stop": {"max_epochs": 10_000},
+                            "faults": {"worker_timeout_s": 2}})
+    deadline = time.monotonic() + 60
+    while not (progress := _progress(aws, job)) or progress.get("step", 0) < 3:
+        assert time.monotonic() < deadline, "the job did not start training"
+        time.sleep(0.2)
+    aws.sfn.stop_execution(executionArn=arn)
+    # AWS emits the status change at once; the rule's target, OnFailure, runs.
+    for delivery in aws.running.execution_status_changed(arn, "ABORTED"):
+        delivery.join(timeout=60)
+    _all_return(aws, job)
+    handed, = [c for c in _of_job(aws.runtime.of("on_failure"), job) if c.event["failed_state"] == "Execution"]
+    assert handed.result == {"status": "failed", "report_key": f"s3://{aws.bucket}/jobs/{job}/report.json"}
+    supervisor, = _of_job(aws.runtime.of("supervisor"), job)
+    stopped = "Execution failed: ABORTED: the execution ended before its job did (stopped by hand, or past its timeout)"
+    assert supervisor.error["errorMessage"] == f"the job was stopped: {stopped}", supervisor.error
+    assert _progress(aws, job)["state"] == "failed"
+    assert [e["error"] for e in _events(aws, job)][0] == stopped
+    # (moto's executor does not stop an execution at once: it goes on to the Round's Catch once
+    # the task it waits on returns, where AWS ends it ABORTED. Nothing above depends on that.)
+    _wait(aws, arn)
     assert aws.stack.denied == []
 
 

@@ -114,6 +114,7 @@ def worker_filter_policy(worker: int) -> dict[str, list[str]]:
 # -- the state machine ---------------------------------------------------------------------
 VALIDATE, PREPARE, ROUND, FINALIZE, ON_FAILURE = "Validate", "Prepare", "Round", "Finalize", "OnFailure"
 SUPERVISOR_STATE, WORKERS_STATE, WORKER_STATE = "Supervisor", "Workers", "Worker"
+EXECUTION = "Execution"  # OnFailure's failed_state for an execution stopped by hand or timed out
 # Inline Map runs at most about 40 iterations at once, whatever MaxConcurrency says: more
 # workers than this need the Distributed Map (a child execution per worker).
 INLINE_MAP_LIMIT = 40
