@@ -124,6 +124,12 @@ def test_synthesis_stops_with_a_clear_message_without_the_layer(tmp_path):
         r"run `bash scripts/build_layer.sh --arch arm64`",
     ):
         synthesise(tmp_path / "out2", {"ebb:architecture": "arm64"}, layer_dir=layer)
+    # ... and one staged for another Python than the functions' (the image's FROM).
+    stamp = json.loads((layer / LAYER_STAMP).read_text())
+    (layer / LAYER_STAMP).write_text(json.dumps({**stamp, "python": "3.11"}))
+    with pytest.raises(LayerMissingError, match=r"staged for Python 3\.11, but the functions run 3\.12 "
+                                                r"\(lambda_src/Dockerfile\): run `bash scripts/build_layer.sh`"):
+        synthesise(tmp_path / "out4", layer_dir=layer)
     (layer / LAYER_STAMP).unlink()
     with pytest.raises(LayerMissingError, match="staged for an unknown platform"):
         synthesise(tmp_path / "out3", layer_dir=layer)
