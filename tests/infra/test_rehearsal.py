@@ -10,6 +10,7 @@ template with one grant removed fails it: tests/infra/test_rehearsal_grants.py d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -49,36 +50,32 @@ def raw_ratings(tmp_path_factory) -> Path:
     return path
 
 
-def _stand_up(template: dict, folder: Path, prepared: str | None):
+@contextlib.contextmanager
+def stood_up(template: dict, folder: Path, prepared: str | None):
     """The stack in moto with IAM enforced, a prepared dataset in its bucket under datasets/ml
     (uploaded by the administrator, as `ebb submit` would) and a queue subscribed to its events
     topic (as a user would)."""
-    running = stack_in_moto(template, folder)
-    entered = running.__enter__()
-    stack = entered.stack
-    bucket = stack.output(names.BUCKET_OUTPUT)
-    s3, sqs = stack.client("s3"), stack.client("sqs")
-    if prepared:
-        store = FolderObjectStore(prepared)
-        for key in store.list():
-            s3.put_object(Bucket=bucket, Key=f"datasets/ml/{key}", Body=store.get(key))
-    events = sqs.create_queue(QueueName="job-events")["QueueUrl"]
-    events_arn = sqs.get_queue_attributes(QueueUrl=events, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    stack.client("sns").subscribe(TopicArn=stack.output(names.EVENTS_TOPIC_OUTPUT), Protocol="sqs",
-                                  Endpoint=events_arn, Attributes={"RawMessageDelivery": "true"})
-    aws = SimpleNamespace(stack=stack, runtime=entered.runtime, running=entered, bucket=bucket, s3=s3, sqs=sqs,
-                          sfn=stack.client("stepfunctions"), events_queue=events, events=[],
-                          token=stack.cache_token)
-    return running, aws
+    with stack_in_moto(template, folder) as running:
+        stack = running.stack
+        bucket = stack.output(names.BUCKET_OUTPUT)
+        s3, sqs = stack.client("s3"), stack.client("sqs")
+        if prepared:
+            store = FolderObjectStore(prepared)
+            for key in store.list():
+                s3.put_object(Bucket=bucket, Key=f"datasets/ml/{key}", Body=store.get(key))
+        events = sqs.create_queue(QueueName="job-events")["QueueUrl"]
+        events_arn = sqs.get_queue_attributes(QueueUrl=events, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        stack.client("sns").subscribe(TopicArn=stack.output(names.EVENTS_TOPIC_OUTPUT), Protocol="sqs",
+                                      Endpoint=events_arn, Attributes={"RawMessageDelivery": "true"})
+        yield SimpleNamespace(stack=stack, runtime=running.runtime, running=running, bucket=bucket, s3=s3, sqs=sqs,
+                              sfn=stack.client("stepfunctions"), events_queue=events, events=[],
+                              token=stack.cache_token)
 
 
 @pytest.fixture(scope="module")
 def aws(default, small_ratings, tmp_path_factory):
-    running, aws = _stand_up(rehearsal_template(default), tmp_path_factory.mktemp("cache"), small_ratings[0])
-    try:
+    with stood_up(rehearsal_template(default), tmp_path_factory.mktemp("cache"), small_ratings[0]) as aws:
         yield aws
-    finally:
-        running.__exit__(None, None, None)
 
 
 def _start(aws, name: str, spec: dict) -> str:

@@ -8,7 +8,7 @@ import copy
 import json
 
 import pytest
-from test_rehearsal import JOB, _all_return, _run, _stand_up, rehearsal_template
+from test_rehearsal import JOB, _all_return, _run, rehearsal_template, stood_up
 
 from ebb.aws import names
 
@@ -52,8 +52,7 @@ def test_removing_a_grant_the_runtime_needs_fails_the_rehearsal(default, small_r
     path = tmp_path / "template.json"
     path.write_text(json.dumps(without_grant(rehearsal_template(default), function, pattern)))
     monkeypatch.setenv("EBB_REHEARSAL_TEMPLATE", str(path))  # as a user would rehearse their own template
-    running, aws = _stand_up(rehearsal_template(default), tmp_path, small_ratings[0])
-    try:
+    with stood_up(rehearsal_template(default), tmp_path, small_ratings[0]) as aws:
         job = "rehearse-grant-1"
         run = _run(aws, job, {**JOB, **spec, "data": "datasets/ml", "round_steps": None, "stop": {"max_epochs": 1},
                               "faults": {"worker_timeout_s": 2}})
@@ -64,5 +63,3 @@ def test_removing_a_grant_the_runtime_needs_fails_the_rehearsal(default, small_r
                    if f"{function.capitalize()}ServiceRole" in principal]
         assert ("s3:PutObject", f"{bucket_arn}/{denied_key}") in refused, aws.stack.denied
         _all_return(aws, job)
-    finally:
-        running.__exit__(None, None, None)
