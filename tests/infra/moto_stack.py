@@ -193,6 +193,7 @@ class MotoStack:
     outputs: dict[str, str] = field(default_factory=dict)
     physical: dict[str, str] = field(default_factory=dict)  # logical id -> physical id
     cache_token: str = ""
+    created: int = 0  # resources CloudFormation created (the rest of the template's are stood in for)
     denied: list[tuple[str, str, str]] = field(default_factory=list)  # (principal ARN, action, resource)
     _clients: dict[str, object] = field(default_factory=dict, repr=False)
 
@@ -319,6 +320,7 @@ def deploy(template: dict, endpoint: str, cache: TlsRedisServers, *, stack_name:
     body, subscriptions = emulator_template(template, secret_arn=secret_arn, cache=("127.0.0.1", cache.start()))
     cfn = stack.client("cloudformation")
     cfn.create_stack(StackName=stack_name, TemplateBody=json.dumps(body), Capabilities=["CAPABILITY_IAM"])
+    stack.created = len(body["Resources"])
     described = cfn.describe_stacks(StackName=stack_name)["Stacks"][0]
     if described["StackStatus"] != "CREATE_COMPLETE":
         raise RuntimeError(f"stack {stack_name}: {described['StackStatus']} {described.get('StackStatusReason')}")
@@ -548,10 +550,10 @@ def serve(template_path: str, state_file: str) -> int:
             stack_in_moto(template, Path(folder)) as running:
         stack = running.stack
         status = stack.client("cloudformation").describe_stacks(StackName=stack.stack_name)["Stacks"][0]
-        print(f"stack {stack.stack_name}: {status['StackStatus']} in moto's CloudFormation at {running.endpoint}, "
-              f"{len(stack.physical)} resources; IAM enforced", flush=True)
-        removed = sorted({r["Type"] for r in template["Resources"].values() if r["Type"] in STAND_INS})
-        for type_ in removed:
+        removed = [r["Type"] for r in template["Resources"].values() if r["Type"] in STAND_INS]
+        print(f"stack {stack.stack_name}: {status['StackStatus']} in moto's CloudFormation at {running.endpoint}: "
+              f"{stack.created} resources created, {len(removed)} stood in for; IAM enforced", flush=True)
+        for type_ in sorted(set(removed)):
             print(f"  {type_}: moto cannot create it; in its place: {STAND_INS[type_]}", flush=True)
         Path(state_file).write_text(json.dumps({"endpoint": running.endpoint, "region": REGION,
                                                 "stack": stack.stack_name, **stack.admin}))

@@ -334,8 +334,9 @@ def test_rehearse_sh_creates_the_stack_and_runs_a_job_as_a_user_would(default):
                           capture_output=True, text=True, timeout=600, check=False)
     out = done.stdout
     assert done.returncode == 0, out[-4000:] + done.stderr[-2000:]
-    assert re.search(r"stack Ebb: CREATE_COMPLETE in moto's CloudFormation at http://127\.0\.0\.1:\d+, \d+ resources; "
-                     r"IAM enforced", out)
+    created = re.search(r"stack Ebb: CREATE_COMPLETE in moto's CloudFormation at http://127\.0\.0\.1:\d+: (\d+) "
+                        r"resources created, (\d+) stood in for; IAM enforced", out)
+    assert created and sum(map(int, created.groups())) == len(default.resources), out[:2000]
     # Each type moto cannot create is named, with what stands in for it.
     present = {r["Type"] for r in default.resources.values()} & set(STAND_INS)
     assert present and all(f"{t}: moto cannot create it; in its place: {STAND_INS[t]}" in out for t in present)
