@@ -6,7 +6,7 @@ the replica. Runs are interleaved in ABBA order (forward, then backward) and rep
 the median is reported, so the noise of a shared machine hits every contender alike.
 
 - "ebb": the engine's step as it runs here: the fused compiled kernel where it is built
-  (``python -m ebb.native``; ebb.native.training), else the torch path;
+  (``python -m ebb.native``; ebb.models.compiled), else the torch path;
 - "ebb, torch path": the same step with the kernels off (as with ``EBB_NATIVE=0``), the
   reference the kernel is tested against;
 - "bare torch": the same math written straight in torch with the same fast indexing ops

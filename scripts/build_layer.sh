@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Stage the Lambda layer of the zip functions (validate, on_failure) in layers/common/python:
-# the wheels of layers/requirements-common.txt for Lambda's Linux and Python 3.11, fetched
+# the wheels of layers/requirements-common.txt for the Python and the wheel platforms of the
+# functions' base image (lambda_src/Dockerfile's FROM, read by stacks/image.py), fetched
 # with pip for that platform whatever this machine is (no Docker). `cdk synth` refuses to
 # run without it. Idempotent: does nothing when layers/common was staged from the same
 # requirements for the same architecture.
@@ -22,8 +23,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$arch" in
-  x86_64) platform=manylinux2014_x86_64 ;;
-  arm64) platform=manylinux2014_aarch64 ;;
+  x86_64|arm64) ;;
   *) echo "build_layer.sh: --arch must be x86_64 or arm64, got $arch" >&2; exit 2 ;;
 esac
 
@@ -32,19 +32,24 @@ out=layers/common
 stamp=$out/.ebb-layer.json
 python=.venv/bin/python
 [ -x "$python" ] || python=python3
+base=$("$python" -m stacks.image --arch "$arch")  # line 1: the Python version; line 2: the platforms
+py_version=$(echo "$base" | sed -n 1p)
+platforms=$(echo "$base" | sed -n 2p)
+platform_args=()
+for p in $platforms; do platform_args+=(--platform "$p"); done
 digest=$(sha256sum < "$requirements" | cut -d" " -f1)
-want="{\"architecture\": \"$arch\", \"platform\": \"$platform\", \"python\": \"3.11\", \"requirements_sha256\": \"$digest\"}"
+want="{\"architecture\": \"$arch\", \"platform\": \"${platforms%% *}\", \"python\": \"$py_version\", \"requirements_sha256\": \"$digest\"}"
 
 if [ "$force" = 0 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -d "$out/python" ]; then
   echo "==> Lambda layer $out is up to date ($arch)"
   exit 0
 fi
 
-echo "==> staging the Lambda layer $out for $arch (pip, $platform, Python 3.11)"
+echo "==> staging the Lambda layer $out for $arch (pip, ${platforms%% *}, Python $py_version)"
 staging=$(mktemp -d layers/.common.XXXXXX)
 trap 'rm -rf "$staging"' EXIT
 "$python" -m pip install --quiet --disable-pip-version-check --no-compile \
-    --platform "$platform" --only-binary=:all: --python-version 3.11 --implementation cp \
+    "${platform_args[@]}" --only-binary=:all: --python-version "$py_version" --implementation cp \
     --target "$staging/python" -r "$requirements" 2>&1 \
   | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "build_layer.sh: pip failed" >&2; exit 1; }

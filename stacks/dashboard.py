@@ -19,27 +19,25 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from ebb.ports.deployment import JOB_DIMENSION, METRICS_NAMESPACE
 from stacks.cache import Cache
 
-JOB_DIMENSION = "JobId"
 # The dimension value the job widgets are drawn with; the "Job" variable replaces it.
 JOB_PLACEHOLDER = "select-a-job"
-JOB_METRICS = ("Loss", "TestMetric", "ActiveWorkers", "StepSeconds", "ComputeSeconds", "CommSeconds",
-               "WaitSeconds", "BytesExchanged", "SentFraction", "CostUsd")
 PERIOD = Duration.minutes(1)
 
 
 class Dashboard(Construct):
     """`dashboard`, `failed_executions_alarm` and `dead_letters_alarm` after construction."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, metrics_namespace: str,
+    def __init__(self, scope: Construct, construct_id: str, *,
                  functions: Mapping[str, lambda_.IFunction], cache: Cache, supervisor_queue: sqs.IQueue,
                  worker_queues: Sequence[sqs.IQueue], dead_letters: sqs.IQueue,
                  state_machine: sfn.StateMachine, alarm_topic: sns.ITopic) -> None:
         super().__init__(scope, construct_id)
 
         def job(name: str, label: str | None = None, statistic: str = "Average") -> cw.Metric:
-            return cw.Metric(namespace=metrics_namespace, metric_name=name, label=label or name,
+            return cw.Metric(namespace=METRICS_NAMESPACE, metric_name=name, label=label or name,
                              dimensions_map={JOB_DIMENSION: JOB_PLACEHOLDER}, statistic=statistic, period=PERIOD)
 
         self.dashboard = cw.Dashboard(
@@ -49,7 +47,7 @@ class Dashboard(Construct):
                 id="job", label="Job", type=cw.VariableType.PROPERTY, value=JOB_DIMENSION,
                 input_type=cw.VariableInputType.SELECT,
                 values=cw.Values.from_search_components(
-                    namespace=metrics_namespace, dimensions=[JOB_DIMENSION], metric_name="Loss",
+                    namespace=METRICS_NAMESPACE, dimensions=[JOB_DIMENSION], metric_name="Loss",
                     populate_from=JOB_DIMENSION),
                 default_value=cw.DefaultValue.FIRST,
             )],

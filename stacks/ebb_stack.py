@@ -7,6 +7,7 @@ from pathlib import Path
 from aws_cdk import CfnOutput, RemovalPolicy, Stack
 from constructs import Construct
 
+from ebb.ports import deployment as names
 from stacks.cache import Cache
 from stacks.compute import Compute
 from stacks.dashboard import Dashboard
@@ -15,8 +16,6 @@ from stacks.network import Network
 from stacks.settings import Settings
 from stacks.storage import Storage
 from stacks.workflow import Workflow
-
-METRICS_NAMESPACE = "Ebb"
 
 
 class EbbStack(Stack):
@@ -42,30 +41,30 @@ class EbbStack(Stack):
             node_type=s.cache_node_type, shards=s.cache_shards, replicas=s.cache_replicas,
             serverless_max_gb=s.cache_serverless_max_gb, removal_policy=removal)
         self.messaging = Messaging(
-            self, "Messaging", max_workers=s.max_workers, queue_name_prefix=f"{s.stack_name}-worker-",
+            self, "Messaging", max_workers=s.max_workers, queue_name_prefix=names.worker_queue_prefix(s.stack_name),
             removal_policy=removal)
         self.compute = Compute(
             self, "Compute", lambda_src=lambda_src, layer_dir=layer_dir, architecture=s.architecture,
             sizes=s.functions, log_retention=retention, removal_policy=removal, vpc=self.network.vpc,
             vpc_subnets=self.network.private_subnets, security_group=self.network.functions_security_group,
             bucket=self.storage.data, cache=self.cache, messaging=self.messaging, max_workers=s.max_workers,
-            metrics_namespace=METRICS_NAMESPACE)
+            trace_in_vpc=s.egress == "nat" or "xray" in s.interface_endpoints, deployment=s.deployment())
         self.workflow = Workflow(
             self, "Workflow", functions=self.compute.functions, max_workers=s.max_workers,
             log_retention=retention, removal_policy=removal)
         self.dashboard = Dashboard(
-            self, "Dashboard", metrics_namespace=METRICS_NAMESPACE, functions=self.compute.functions,
+            self, "Dashboard", functions=self.compute.functions,
             cache=self.cache, supervisor_queue=self.messaging.supervisor_queue,
             worker_queues=self.messaging.worker_queues, dead_letters=self.messaging.dead_letters,
             state_machine=self.workflow.state_machine, alarm_topic=self.messaging.events_topic)
 
         # docs/AWS.md "Stack outputs": read by `ebb submit`, `ebb watch` and `ebb report`.
-        CfnOutput(self, "StateMachineArn", value=self.workflow.state_machine.state_machine_arn,
+        CfnOutput(self, names.STATE_MACHINE_OUTPUT, value=self.workflow.state_machine.state_machine_arn,
                   description="the training state machine: one execution per job")
-        CfnOutput(self, "DataBucketName", value=self.storage.data.bucket_name,
+        CfnOutput(self, names.BUCKET_OUTPUT, value=self.storage.data.bucket_name,
                   description="datasets, checkpoints, models and reports")
-        CfnOutput(self, "EventsTopicArn", value=self.messaging.events_topic.topic_arn,
+        CfnOutput(self, names.EVENTS_TOPIC_OUTPUT, value=self.messaging.events_topic.topic_arn,
                   description="subscribe to hear of finished and failed jobs and of alarms")
-        CfnOutput(self, "DashboardName", value=self.dashboard.dashboard_name,
+        CfnOutput(self, names.DASHBOARD_NAME_OUTPUT, value=self.dashboard.dashboard_name,
                   description="the CloudWatch dashboard")
-        CfnOutput(self, "DashboardUrl", value=self.dashboard.url, description="the CloudWatch dashboard")
+        CfnOutput(self, names.DASHBOARD_URL_OUTPUT, value=self.dashboard.url, description="the CloudWatch dashboard")

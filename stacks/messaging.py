@@ -1,7 +1,8 @@
 """Messaging: the SNS/SQS signal channel and the events topic users subscribe to.
 
 - Control topic: the supervisor's directives. Worker w's queue subscribes with raw
-  delivery and the filter policy {"worker": ["<w>", "all"]} (docs/AWS.md).
+  delivery and the filter policy `ebb.ports.deployment.worker_filter_policy(w)`,
+  {"worker": ["<w>", "all"]} (docs/AWS.md).
 - Supervisor queue: the workers' reports.
 - Events topic: "job finished" / "job failed" from the handlers, and the alarms.
 - One dead-letter queue takes both what a queue could not get consumed and what SNS could
@@ -23,6 +24,8 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
+
+from ebb.ports import deployment as names
 
 # A directive or report matters for one round (< 15 minutes); older ones are noise.
 SIGNAL_RETENTION = Duration.hours(4)
@@ -65,14 +68,16 @@ class Messaging(Construct):
         self.worker_queues: list[sqs.Queue] = []
         for worker in range(max_workers):
             queue = sqs.Queue(
-                self, f"Worker{worker:03d}", queue_name=f"{queue_name_prefix}{worker:03d}",
+                self, f"Worker{worker:03d}", queue_name=names.worker_queue_name(queue_name_prefix, worker),
                 retention_period=SIGNAL_RETENTION, dead_letter_queue=redrive, **queue_defaults)
             self.control_topic.add_subscription(subscriptions.SqsSubscription(
                 queue, raw_message_delivery=True, dead_letter_queue=self.dead_letters,
-                filter_policy={"worker": sns.SubscriptionFilter.string_filter(allowlist=[str(worker), "all"])},
+                filter_policy={attribute: sns.SubscriptionFilter.string_filter(allowlist=values)
+                               for attribute, values in names.worker_filter_policy(worker).items()},
             ))
             self.worker_queues.append(queue)
         # The URL of queue 000 with its name cut off: the same host form CloudFormation returns.
         first = self.worker_queues[0]
         self.worker_queue_url_prefix = Fn.join("", [
-            Fn.select(0, Fn.split(f"{queue_name_prefix}000", first.queue_url)), queue_name_prefix])
+            Fn.select(0, Fn.split(names.worker_queue_name(queue_name_prefix, 0), first.queue_url)),
+            queue_name_prefix])

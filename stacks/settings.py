@@ -15,6 +15,8 @@ from typing import Any
 
 from aws_cdk import aws_logs as logs
 
+from ebb.ports import deployment as names
+
 # The in-VPC functions reach these AWS APIs through interface endpoints (egress "endpoints").
 INTERFACE_ENDPOINT_NAMES = ("secretsmanager", "sqs", "sns", "xray", "logs", "monitoring", "lambda", "states")
 FUNCTION_NAMES = ("worker", "supervisor", "prepare", "finalize", "validate", "onFailure")
@@ -102,6 +104,20 @@ class Settings:
         settings._check_consistency()
         return settings
 
+    def deployment(self) -> dict[str, object]:
+        """What Validate must know of this deployment (`EBB_DEPLOYMENT`, read by
+        `ebb.aws.deployment.Deployment`): the functions a job runs on, the cache it pays for,
+        the concurrency it may use and the Map mode that bounds its history."""
+        worker, supervisor = self.functions["worker"], self.functions["supervisor"]
+        return {
+            "worker_memory_mb": worker.memory_mb, "supervisor_memory_mb": supervisor.memory_mb,
+            "supervisor_timeout_s": supervisor.timeout_seconds, "arch": self.architecture,
+            "worker_reserved": worker.reserved_concurrency, "supervisor_reserved": supervisor.reserved_concurrency,
+            "map": "distributed" if self.max_workers > names.INLINE_MAP_LIMIT else "inline",
+            "cache_node_type": self.cache_node_type if self.cache_mode == "nodes" else None,
+            "cache_nodes": self.cache_shards * (1 + self.cache_replicas) if self.cache_mode == "nodes" else 0,
+        }
+
     def _check_consistency(self) -> None:
         if self.endpoint_azs > self.max_azs:
             raise SettingsError(f"ebb:endpointAzs ({self.endpoint_azs}) cannot exceed ebb:maxAzs ({self.max_azs})")
@@ -111,6 +127,12 @@ class Settings:
                 f"ebb:workerReservedConcurrency ({worker.reserved_concurrency}) is below ebb:maxWorkers "
                 f"({self.max_workers}): a round's workers meet at a barrier every step, so all of them "
                 "must be able to run at once; raise it or leave it null")
+        if self.functions["supervisor"].timeout_seconds > worker.timeout_seconds:
+            raise SettingsError(
+                f"ebb:supervisorTimeoutSeconds ({self.functions['supervisor'].timeout_seconds}) exceeds "
+                f"ebb:workerTimeoutSeconds ({worker.timeout_seconds}): a round lasts the supervisor's timeout less a "
+                "margin, and a worker stopped by its own timeout before the round ends fails the job; "
+                "give the workers at least the supervisor's timeout")
 
 
 # The values CloudWatch Logs accepts for a retention period.

@@ -3,6 +3,9 @@
 Or, with `existing_bucket_name`, a bucket that outlives deployments (one kept by an earlier
 deployment with ebb:retainData): the stack then only grants access to it, and the bucket
 keeps the lifecycle rules it was created with.
+
+Unless they are kept (ebb:retainData), `cdk destroy` empties both buckets before deleting
+them (CDK's auto-delete custom resource): CloudFormation deletes no bucket that holds objects.
 """
 
 from __future__ import annotations
@@ -11,9 +14,7 @@ from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Validations
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-# docs/AWS.md "Object keys": what a job leaves behind that only a running job needs.
-CHECKPOINTS_PREFIX = "checkpoints/"
-SCRATCH_PREFIX = "scratch/"
+from ebb.ports.deployment import CHECKPOINTS, SCRATCH
 
 
 class Storage(Construct):
@@ -33,7 +34,7 @@ class Storage(Construct):
             "block_public_access": s3.BlockPublicAccess.BLOCK_ALL,
             "object_ownership": s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
             "removal_policy": removal,
-            "auto_delete_objects": False,
+            "auto_delete_objects": not retain,
         }
         self.access_logs = s3.Bucket(
             self, "AccessLogs", **common,
@@ -51,12 +52,12 @@ class Storage(Construct):
                 # A finished job needs its checkpoints no more (finalize has merged the replicas);
                 # a failed one can be resumed for a while. Versioning keeps each old checkpoint
                 # object as a noncurrent version: expire those quickly too, they are large.
-                s3.LifecycleRule(id="Checkpoints", prefix=CHECKPOINTS_PREFIX,
+                s3.LifecycleRule(id="Checkpoints", prefix=CHECKPOINTS,
                                  expiration=Duration.days(checkpoint_expiry_days),
                                  noncurrent_version_expiration=Duration.days(1),
                                  abort_incomplete_multipart_upload_after=Duration.days(1)),
                 # Signal payloads sent by pointer live for one step.
-                s3.LifecycleRule(id="Scratch", prefix=SCRATCH_PREFIX,
+                s3.LifecycleRule(id="Scratch", prefix=SCRATCH,
                                  expiration=Duration.days(scratch_expiry_days),
                                  noncurrent_version_expiration=Duration.days(1),
                                  abort_incomplete_multipart_upload_after=Duration.days(1)),

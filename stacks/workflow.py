@@ -3,7 +3,8 @@
     Validate -> Prepare? -> Round = Parallel(Supervisor | Map over $.workers: Worker)
                               ^                               |
                               +--- status == "unfinished" ----+--> Finalize -> Succeed
-    any Catch -> <State>Failed (records failed_state) -> OnFailure -> Fail
+    any Catch -> <State>Failed (records failed_state) -> OnFailure -> Fail (OnFailure's own Catch: Fail)
+    execution stopped or timed out -> (EventBridge rule) -> OnFailure
 
 The Round reduces the Parallel's [supervisor branch, workers] output to the supervisor's
 result plus job_id and spec_key: the supervisor branch ends in a Pass that builds that
@@ -19,7 +20,9 @@ Supervisor and Worker have no Catch of their own (a Catch inside a branch cannot
 it): their failure fails the Round, whose Catch records `failed_state: "Round"`; the
 error's Cause names the function's error.
 
-Execution logging: level ALL with execution data. ALL, not ERROR, because a failed job
+Execution logging: level ALL with execution data, to a log group under
+`/aws/vendedlogs/states/` (logs delivered for a service need that prefix, or the
+resource policy that lets them in grows with every log group). ALL, not ERROR, because a failed job
 is debugged from the whole sequence of states (which round, which worker, what each
 returned), and that costs little: a round is a few hundred events of a few hundred bytes,
 cents per thousand rounds at $0.50/GB ingested. Execution data is safe to log because the
@@ -30,15 +33,17 @@ counters and error messages.
 
 from __future__ import annotations
 
-from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Stack, Validations
+from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Stack, Token, Validations
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-# Inline Map runs at most about 40 iterations at once, whatever MaxConcurrency says.
-INLINE_MAP_LIMIT = 40
+from ebb.ports import deployment as names
+from ebb.ports.deployment import INLINE_MAP_LIMIT
 # Retried with backoff: Lambda's own failures and throttles, never a handler's error.
 LAMBDA_SERVICE_ERRORS = ["Lambda.ServiceException", "Lambda.AWSLambdaException",
                          "Lambda.SdkClientException", "Lambda.TooManyRequestsException"]
@@ -54,8 +59,11 @@ class Workflow(Construct):
                  removal_policy: RemovalPolicy) -> None:
         super().__init__(scope, construct_id)
         fail = sfn.Fail(self, "JobFailed", error_path="$.error.Error", cause_path="$.error.Cause")
-        on_failure = self._invoke("OnFailure", functions["onFailure"], sfn.TaskInput.from_json_path_at("$"),
+        on_failure = self._invoke(names.ON_FAILURE, functions["onFailure"], sfn.TaskInput.from_json_path_at("$"),
                                   result_path="$.report")
+        # If OnFailure itself fails, the execution still fails with the original error (its own
+        # error goes to $.on_failure_error, beside it in the history).
+        on_failure.add_catch(fail, errors=["States.ALL"], result_path="$.on_failure_error")
         on_failure.next(fail)
 
         def failed(state_name: str, *, before_validate: bool = False) -> sfn.Pass:
@@ -64,45 +72,45 @@ class Workflow(Construct):
             return sfn.Pass(self, f"{state_name}Failed", parameters={
                 **fields, "failed_state": state_name, "error.$": "$.error"}).next(on_failure)
 
-        validate = self._invoke("Validate", functions["validate"], sfn.TaskInput.from_object(
+        validate = self._invoke(names.VALIDATE, functions["validate"], sfn.TaskInput.from_object(
             {"spec.$": "$", "execution.$": "$$.Execution.Name"}), output_path="$.Payload")
-        validate.add_catch(failed("Validate", before_validate=True), errors=["States.ALL"], result_path="$.error")
+        validate.add_catch(failed(names.VALIDATE, before_validate=True), errors=["States.ALL"], result_path="$.error")
 
-        prepare = self._invoke("Prepare", functions["prepare"], sfn.TaskInput.from_object(dict(_JOB)),
+        prepare = self._invoke(names.PREPARE, functions["prepare"], sfn.TaskInput.from_object(dict(_JOB)),
                                result_path=sfn.JsonPath.DISCARD)
-        prepare.add_catch(failed("Prepare"), errors=["States.ALL"], result_path="$.error")
+        prepare.add_catch(failed(names.PREPARE), errors=["States.ALL"], result_path="$.error")
 
         supervisor = self._invoke(
-            "Supervisor", functions["supervisor"],
+            names.SUPERVISOR_STATE, functions["supervisor"],
             sfn.TaskInput.from_object({**_JOB, "round.$": "$.round"}),
             result_selector={key + ".$": f"$.Payload.{key}" for key in _SUPERVISOR_RESULT},
             result_path="$.supervisor")
-        worker = self._invoke("Worker", functions["worker"], sfn.TaskInput.from_json_path_at("$"))
+        worker = self._invoke(names.WORKER_STATE, functions["worker"], sfn.TaskInput.from_json_path_at("$"))
         worker_input = {**_JOB, "round.$": "$.round", "worker.$": "$$.Map.Item.Value"}
         if max_workers > INLINE_MAP_LIMIT:
             self.map_state = sfn.DistributedMap(
-                self, "Workers", items_path="$.workers", item_selector=worker_input,
+                self, names.WORKERS_STATE, items_path="$.workers", item_selector=worker_input,
                 map_execution_type=sfn.StateMachineType.STANDARD, result_path=sfn.JsonPath.DISCARD)
         else:
             self.map_state = _UnlimitedMap(
-                self, "Workers", items_path="$.workers", item_selector=worker_input,
+                self, names.WORKERS_STATE, items_path="$.workers", item_selector=worker_input,
                 result_path=sfn.JsonPath.DISCARD)
         self.map_state.item_processor(worker)
 
         # Branch 0 ends with the next state, flat: job_id, spec_key and the supervisor's result.
         next_state = sfn.Pass(self, "NextRound", parameters={
             **_JOB, **{key + ".$": f"$.supervisor.{key}" for key in _SUPERVISOR_RESULT}})
-        round_state = sfn.Parallel(self, "Round", output_path="$[0]")
+        round_state = sfn.Parallel(self, names.ROUND, output_path="$[0]")
         round_state.branch(supervisor.next(next_state))
         round_state.branch(self.map_state)
-        round_state.add_catch(failed("Round"), errors=["States.ALL"], result_path="$.error")
+        round_state.add_catch(failed(names.ROUND), errors=["States.ALL"], result_path="$.error")
 
-        finalize = self._invoke("Finalize", functions["finalize"], sfn.TaskInput.from_object(dict(_JOB)),
+        finalize = self._invoke(names.FINALIZE, functions["finalize"], sfn.TaskInput.from_object(dict(_JOB)),
                                 result_selector={"status.$": "$.Payload.status",
                                                  "report_key.$": "$.Payload.report_key",
                                                  "model_key.$": "$.Payload.model_key"},
                                 result_path="$.report")
-        finalize.add_catch(failed("Finalize"), errors=["States.ALL"], result_path="$.error")
+        finalize.add_catch(failed(names.FINALIZE), errors=["States.ALL"], result_path="$.error")
         finalize.next(sfn.Succeed(self, "Done"))
 
         next_round = sfn.Choice(self, "Unfinished?").when(
@@ -111,7 +119,9 @@ class Workflow(Construct):
         needs_prepare = sfn.Choice(self, "Prepare?").when(
             sfn.Condition.boolean_equals("$.prepare", True), prepare.next(round_state)).otherwise(round_state)
 
-        log_group = logs.LogGroup(self, "ExecutionLogs", retention=log_retention, removal_policy=removal_policy)
+        stack = Stack.of(self)
+        log_group = logs.LogGroup(self, "ExecutionLogs", log_group_name=execution_log_group_name(stack.stack_name),
+                                  retention=log_retention, removal_policy=removal_policy)
         self.state_machine = sfn.StateMachine(
             self, "StateMachine",
             definition_body=sfn.DefinitionBody.from_chainable(validate.next(needs_prepare)),
@@ -120,8 +130,8 @@ class Workflow(Construct):
             logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=True),
             comment="Ebb: train one job (docs/AWS.md)",
         )
+        self.stopped_rule = self._on_stopped(functions["onFailure"])
 
-        stack = Stack.of(self)
         for function in functions.values():
             Validations.of(self.state_machine).acknowledge(Acknowledgment(
                 id=f"AwsSolutions-IAM5[Resource::<{stack.get_logical_id(function.node.default_child)}.Arn>:*]",
@@ -129,10 +139,12 @@ class Workflow(Construct):
                        "the functions are this stack's own."))
         distributed_policy = self.state_machine.node.try_find_child("DistributedMapPolicy")
         if distributed_policy is not None:
-            # cdk-nag spells the execution ARNs out with this machine's logical id.
+            # cdk-nag spells the execution ARNs out with this machine's logical id, and with the
+            # partition, region and account as literals where the stack's environment names them.
             machine = stack.get_logical_id(self.state_machine.node.default_child)
             name = '{"Fn::Select":[6,{"Fn::Split":[":",{"Ref":"' + machine + '"}]}]}'
-            executions = f"arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:{name}"
+            executions = (f"arn:{_nag(stack.partition, 'AWS::Partition')}:states:{_nag(stack.region, 'AWS::Region')}:"
+                          f"{_nag(stack.account, 'AWS::AccountId')}:execution:{name}")
             for suffix in (":*", "/*:*"):
                 Validations.of(distributed_policy).acknowledge(Acknowledgment(
                     id=f"AwsSolutions-IAM5[Resource::{executions}{suffix}]",
@@ -143,12 +155,39 @@ class Workflow(Construct):
             reason="X-Ray's PutTraceSegments/PutTelemetryRecords and CloudWatch Logs' vended log delivery actions "
                    "(CreateLogDelivery, PutResourcePolicy, ...) accept no resource scope."))
 
+    def _on_stopped(self, on_failure: lambda_.IFunction) -> events.Rule:
+        """An execution stopped by hand (ABORTED) or past its timeout (TIMED_OUT) runs no Catch:
+        this rule hands it to OnFailure, whose abort marker stops the invocations still running
+        and whose report and event say so (docs/AWS.md, "Abort")."""
+        rule = events.Rule(
+            self, "ExecutionStopped",
+            description="An Ebb execution that was stopped or timed out: OnFailure stops its job",
+            event_pattern=events.EventPattern(
+                source=["aws.states"], detail_type=["Step Functions Execution Status Change"],
+                detail={"stateMachineArn": [self.state_machine.state_machine_arn], "status": ["ABORTED", "TIMED_OUT"]}))
+        rule.add_target(targets.LambdaFunction(on_failure, retry_attempts=4, event=events.RuleTargetInput.from_object({
+            "job_id": events.EventField.from_path("$.detail.name"),
+            "failed_state": names.EXECUTION,
+            "error": {"Error": events.EventField.from_path("$.detail.status"),
+                      "Cause": "the execution ended before its job did (stopped by hand, or past its timeout)"}})))
+        return rule
+
     def _invoke(self, name: str, function: lambda_.IFunction, payload: sfn.TaskInput, **kwargs) -> tasks.LambdaInvoke:
         task = tasks.LambdaInvoke(self, name, lambda_function=function, payload=payload,
                                   retry_on_service_exceptions=False, **kwargs)
         task.add_retry(errors=LAMBDA_SERVICE_ERRORS, interval=Duration.seconds(2), max_attempts=6,
                        backoff_rate=2, max_delay=Duration.seconds(60), jitter_strategy=sfn.JitterType.FULL)
         return task
+
+
+def execution_log_group_name(stack_name: str) -> str:
+    """The state machine's execution log group (README "Logs")."""
+    return f"/aws/vendedlogs/states/{stack_name}-executions"
+
+
+def _nag(value: str, pseudo: str) -> str:
+    """How cdk-nag prints a part of an ARN: the literal, or `<AWS::Region>` while it is a token."""
+    return f"<{pseudo}>" if Token.is_unresolved(value) else value
 
 
 class _UnlimitedMap(sfn.Map):

@@ -23,13 +23,14 @@ from pathlib import Path
 from ebb.local.redis_server import free_port, stop_process
 
 REGION = "us-east-1"
+MOTO_SERVER = Path(__file__).with_name("moto_additions.py")
 FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
 class MotoServer:
-    """``with MotoServer() as srv: srv.url`` — a ``moto_server`` (all services) on a free
-    loopback port, started on enter and stopped (by pid) on exit. Its request log goes to a
-    file, shown if it fails to start."""
+    """``with MotoServer() as srv: srv.url`` — a ``moto_server`` (all services, with what
+    tests/moto_additions.py adds) on a free loopback port, started on enter and stopped (by
+    pid) on exit. Its request log goes to a file, shown if it fails to start."""
 
     def __init__(self, port: int | None = None):
         self.port = port or free_port()
@@ -43,7 +44,8 @@ class MotoServer:
 
     def start(self, timeout: float = 30.0) -> MotoServer:
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            # moto_server with what tests/moto_additions.py adds (Lambda's account settings, ...)
+            self.proc = subprocess.Popen([sys.executable, str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while not self._answers():

@@ -89,6 +89,10 @@ def test_submit_watch_report_against_a_deployed_stack(stack, small_ratings, tmp_
     assert (tmp_path / "got" / "model.npz").read_bytes() == (tmp_path / "run" / "model.npz").read_bytes()
     assert (tmp_path / "got" / "loss.png").stat().st_size > 1000
     assert "max_epochs" in fetched.stdout and "test rmse" in fetched.stdout
+    # A local run folder is summarised as it is: no stack, no AWS.
+    local = ebb("report", str(tmp_path / "run"), env={k: v for k, v in env.items() if not k.startswith("AWS_")})
+    assert local.returncode == 0, local.stderr
+    assert local.stdout.splitlines()[0] == fetched.stdout.splitlines()[0] and "test rmse" in local.stdout
 
 
 def test_aws_commands_fail_in_one_line(stack, tmp_path):
@@ -96,7 +100,8 @@ def test_aws_commands_fail_in_one_line(stack, tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text("model: pmf\ndata: /nonexistent/data\n")
     cases = [
-        (("submit", str(job), "--stack", "NoSuchStack"), "ebb submit: stack NoSuchStack: "),
+        (("submit", str(job), "--stack", "NoSuchStack"), "ebb submit: stack NoSuchStack does not exist in us-east-1: "
+                                                         "deploy it (`npx cdk deploy`), pass --stack NAME"),
         (("submit", str(job), "--stack", stack["name"]), "ebb submit: data: /nonexistent/data is neither"),
         (("watch", "no-such-run", "--stack", stack["name"]), "ebb watch: execution arn:aws:states:"),
         (("report", "arn:aws:sns:us-east-1:1:x", "--stack", stack["name"]), "ebb report: arn:aws:sns"),
@@ -105,6 +110,15 @@ def test_aws_commands_fail_in_one_line(stack, tmp_path):
         r = ebb(*argv, env=env)
         assert r.returncode == 2, (argv, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith(start), (argv, r.stderr)
+    # What the user must set, when their AWS configuration lacks it.
+    no_region = {k: v for k, v in env.items() if k not in ("AWS_DEFAULT_REGION", "AWS_REGION")}
+    no_keys = {k: v for k, v in env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    for broken, start in ((no_region, "ebb watch: no AWS region: set AWS_DEFAULT_REGION"),
+                          (no_keys, "ebb watch: no usable AWS credentials (Unable to locate credentials): set "
+                                    "AWS_PROFILE")):
+        r = ebb("watch", "some-run", "--stack", stack["name"], env=broken)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert r.stderr.startswith(start), r.stderr
     missing_report = ebb(
         "submit", "--model", "pmf", "--data", f"s3://{stack['bucket']}/x", "--stack", stack["name"], env=env
     )

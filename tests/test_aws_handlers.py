@@ -3,7 +3,9 @@ process, against a moto_server (S3, SNS, SQS) and a real redis-server."""
 
 from __future__ import annotations
 
+import io
 import json
+import zipfile
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ import secrets
 
 from aws_helpers import server_client, unique_bucket
 from ebb.local.redis_server import RedisServer
-from ebb.stores.sns_sqs import worker_filter_policy
+from ebb.ports.deployment import worker_filter_policy
 from ebb.local.runner import run_local
 from ebb.spec import parse_spec
 from ebb.stores.local import FolderObjectStore
@@ -23,6 +25,10 @@ JOB = {"model": "pmf", "workers": 2, "seed": 3, "hyper": {"rank": 6}, "stop": {"
 
 
 TOKEN = "ebb-auth-" + secrets.token_hex(12)  # the cache's AUTH token: must never show anywhere
+# What the stack tells Validate (stacks/settings.py, Settings.deployment).
+DEPLOYMENT = {"worker_memory_mb": 2048, "supervisor_memory_mb": 1536, "supervisor_timeout_s": 900, "arch": "arm64",
+              "worker_reserved": None, "supervisor_reserved": None, "map": "inline",
+              "cache_node_type": "cache.t4g.small", "cache_nodes": 1}
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +65,20 @@ def deployment(moto_server, moto_env, protected_redis, small_ratings):
     env = {**moto_env, "EBB_BUCKET": bucket, "EBB_REDIS_URLS": protected_redis.url.removesuffix("/0"),
            "EBB_REDIS_SECRET_ARN": secret, "EBB_EVENTS_TOPIC_ARN": topic, "EBB_MAX_WORKERS": "4",
            "EBB_CONTROL_TOPIC_ARN": control, "EBB_SUPERVISOR_QUEUE_URL": supervisor_queue,
-           "EBB_WORKER_QUEUE_URL_PREFIX": url[:-3]}
+           "EBB_WORKER_QUEUE_URL_PREFIX": url[:-3], "EBB_DEPLOYMENT": json.dumps(DEPLOYMENT)}
 
     def events() -> list[dict]:
         got = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10, WaitTimeSeconds=1).get("Messages", [])
         return [json.loads(m["Body"]) for m in got]
 
-    return {"bucket": bucket, "env": env, "s3": s3, "events": events, "data_dir": data_dir}
+    return {"bucket": bucket, "env": env, "s3": s3, "events": events, "data_dir": data_dir, "endpoint": moto_server}
+
+
+def _zip() -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("x.py", "def handler(event, context):\n    return event\n")
+    return buffer.getvalue()
 
 
 def _stored(d, key: str) -> bytes:
@@ -123,6 +136,49 @@ def test_validate_names_the_bad_field_and_the_prepare_state_prepares(deployment,
     grow = {"policy": "schedule", "schedule": [{"epoch": 1, "workers": 3}]}
     with pytest.raises(LambdaError, match="scaling.schedule: 3 workers is more than the 2 the job starts with"):
         invoke("validate", {"spec": {**JOB, "data": "datasets/ml", "scaling": grow}, "execution": "bad-3"}, d["env"])
+    bucket = f"s3://{d['bucket']}"
+    for spec, message in (
+        # Locations the functions cannot reach: the field and the prefix allowed.
+        ({"out": "runs/x"}, f"out: runs/x is outside what this stack may write; a job's outputs go under "
+                            f"{bucket}/jobs/ "),
+        ({"out": "s3://elsewhere/jobs/x"}, "out: s3://elsewhere/jobs/x is outside what this stack may write"),
+        ({"data": "s3://elsewhere/ml"}, f"data: s3://elsewhere/ml is outside this stack's bucket; the functions "
+                                        f"may read only {bucket}/"),
+        # 2-step rounds to 1,000 epochs of 2 workers: more rounds than an execution's history holds.
+        ({"round_steps": 2, "stop": {"max_epochs": 1000}},
+         "round_steps: this job may run 5508 rounds of 2 workers, about 220,360 events in its execution's history, "
+         "past the 25,000 a Step Functions execution holds"),
+    ):
+        with pytest.raises(LambdaError) as refused:
+            invoke("validate", {"spec": {**JOB, "data": "datasets/ml", **spec}, "execution": "bad-4"}, d["env"])
+        assert refused.value.error_type == "JobSpecError" and refused.value.message.startswith(message), (
+            refused.value.message)
+    # Another function of the account reserves 998 of its 1,000 concurrent executions: a round of
+    # 2 workers and the supervisor cannot run at once.
+    lam, iam = server_client(d["endpoint"], "lambda"), server_client(d["endpoint"], "iam")
+    trust = {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
+    role = iam.create_role(RoleName=f"{d['bucket']}-hog", AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
+    hog = lam.create_function(FunctionName=f"{d['bucket']}-hog", Runtime="python3.12", Handler="x.handler",
+                              Role=role, Code={"ZipFile": _zip()})["FunctionName"]
+    try:
+        lam.put_function_concurrency(FunctionName=hog, ReservedConcurrentExecutions=998)
+        with pytest.raises(LambdaError) as refused:
+            invoke("validate", {"spec": {**JOB, "data": "datasets/ml"}, "execution": "bad-5"}, d["env"])
+        assert refused.value.message == (
+            "workers: a round runs 2 workers and the supervisor at once, 3 concurrent Lambda invocations from the "
+            "unreserved pool, but this account's in us-east-1 holds 2 (of 1000): request a higher 'Concurrent "
+            "executions' quota for AWS Lambda in Service Quotas (README, 'Quotas'), or run at most 1 workers")
+    finally:
+        lam.delete_function(FunctionName=hog)
+    # The job is priced with what the deployment runs it on, not with the spec's aws: section.
+    state = invoke("validate", {"spec": {**JOB, "data": "datasets/ml", "out": "jobs/mine",
+                                         "aws": {"memory_mb": 512, "supervisor_memory_mb": 128}},
+                                "execution": "priced-1"}, d["env"])
+    stored = json.loads(_stored(d, state["spec_key"]))
+    assert stored["out"] == f"{bucket}/jobs/mine"
+    assert {k: stored["aws"][k] for k in ("memory_mb", "supervisor_memory_mb", "arch", "cache_node_type")} == {
+        "memory_mb": 2048, "supervisor_memory_mb": 1536, "arch": "arm64", "cache_node_type": "cache.t4g.small"}
     # A job with a prepare section and no prepared data yet: Validate says so, Prepare does it.
     from ebb.data.synth import synth_ratings
 

@@ -1,4 +1,4 @@
-"""The fused training kernels (ebb.native.training) against the models' torch path.
+"""The fused training kernels (ebb.models.compiled) against the models' torch path.
 
 The torch path is the reference. On x86-64 PMF under SGD must give its bits: the loss
 aside (the kernel sums it in float64), every update, base row, momentum buffer and,
@@ -23,7 +23,7 @@ import torch
 from ebb import native
 from ebb.models.logistic import SparseLR
 from ebb.models.pmf import PMF
-from ebb.native import training
+from ebb.models import compiled as training
 from ebb.sparse import RowUpdate
 
 pytestmark = [

@@ -18,7 +18,8 @@ from ebb.spec import load_spec
 from ebb.stores.local import FolderObjectStore
 from ebb.stores.memory import MemorySignalChannel
 from ebb.stores.redis_store import RedisSignalChannel
-from ebb.stores.sns_sqs import MAX_MESSAGE_BYTES, SnsSqsSignalChannel, worker_filter_policy
+from ebb.ports.deployment import worker_filter_policy
+from ebb.stores.sns_sqs import MAX_MESSAGE_BYTES, SnsSqsSignalChannel
 from channel_contract import announce, barrier_contract, drain, make_report, read_until
 
 WORKER_SLOTS = 8

@@ -1,7 +1,7 @@
 """redis-servers on loopback as ElastiCache runs them: TLS in transit and an AUTH token.
 
 Shared by the cache tests (tests/test_elasticache.py) and the state machine run
-(tests/infra/test_state_machine_runs.py). The certificate is made here, for 127.0.0.1;
+(tests/infra/test_rehearsal.py). The certificate is made here, for 127.0.0.1;
 a client trusts it with ``ssl_ca_certs=servers.cert`` or, for a process that uses the
 system's trust store as a Lambda function does, ``SSL_CERT_FILE=servers.cert``.
 """

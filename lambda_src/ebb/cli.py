@@ -404,10 +404,13 @@ def _add_aws(sub) -> None:
     w.set_defaults(func=cmd_watch)
     r = sub.add_parser(
         "report",
-        help="download a job's report.json, model.npz and loss.png from AWS",
-        description="Download a finished job's outputs and print its summary.",
+        help="summarise a run: a local run folder, or a job on AWS (downloading its outputs)",
+        description="Print a run's summary. Given a local run folder (runs/x), read its report.json; given an "
+        "execution, download the job's report.json, model.npz and loss.png from the stack first.",
+        epilog="examples:\n  ebb report runs/my-job\n  ebb report my-job-20261126-010255-7682 --out runs/aws-job",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    r.add_argument("execution", help="execution ARN or name")
+    r.add_argument("execution", help="a local run folder, or an execution ARN or name")
     _stack_flag(r)
     r.add_argument("--out", metavar="DIR", help="where to put the files (default runs/<execution name>)")
     r.set_defaults(func=cmd_report)
@@ -417,14 +420,14 @@ def _aws_errors(fn):
     """One line, exit 2, for what the user can fix (no stack, no such execution, no credentials)."""
 
     def wrapped(args) -> int:
-        from botocore.exceptions import BotoCoreError
+        from botocore.exceptions import BotoCoreError, ClientError
 
-        from ebb.deployed import DeploymentError
+        from ebb.deployed import DeploymentError, configuration_problem
 
         try:
             return fn(args)
-        except (DeploymentError, BotoCoreError, OSError) as exc:
-            print(f"ebb {args.command}: {exc}", file=sys.stderr)
+        except (DeploymentError, BotoCoreError, ClientError, OSError) as exc:
+            print(f"ebb {args.command}: {configuration_problem(exc) or exc}", file=sys.stderr)
             return 2
 
     return wrapped
@@ -459,8 +462,21 @@ def cmd_watch(args) -> int:
     return 0 if status == "SUCCEEDED" else 1
 
 
-@_aws_errors
 def cmd_report(args) -> int:
+    if Path(args.execution).is_dir():  # a local run: nothing to fetch
+        try:
+            report = json.loads((Path(args.execution) / "report.json").read_text())
+        except (OSError, ValueError) as exc:
+            print(f"ebb report: {args.execution} holds no readable report.json ({type(exc).__name__}): the run has "
+                  "not finished, or the folder is not a run's", file=sys.stderr)
+            return 2
+        _print_summary(report, args.execution)
+        return 0 if report["status"] != "failed" else 1
+    return _report_from_aws(args)
+
+
+@_aws_errors
+def _report_from_aws(args) -> int:
     from ebb.deployed import Execution, fetch_report
 
     execution = Execution.find(args.execution, args.stack)

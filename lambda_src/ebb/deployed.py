@@ -15,13 +15,17 @@ from datetime import datetime, UTC
 from pathlib import Path
 from collections.abc import Callable
 
+from ebb.ports import deployment as names
 from ebb.ports.keys import MANIFEST_KEY, PROGRESS_KEY, REPORT_KEY
 from ebb.spec import JobSpec
 from ebb.ports.objects import is_s3
 from ebb.stores import open_object_store
 
-OUTPUTS = ("StateMachineArn", "DataBucketName")
+OUTPUTS = (names.STATE_MACHINE_OUTPUT, names.BUCKET_OUTPUT)
 DONE = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
+# Errors of the caller's credentials, whatever the call.
+_CREDENTIAL_CODES = {"ExpiredToken", "ExpiredTokenException", "InvalidClientTokenId", "UnrecognizedClientException",
+                     "SignatureDoesNotMatch", "InvalidAccessKeyId", "RequestExpired"}
 
 
 class DeploymentError(RuntimeError):
@@ -32,6 +36,26 @@ def _session():
     import boto3
 
     return boto3.session.Session()
+
+
+def configuration_problem(exc: BaseException) -> str | None:
+    """One line saying what to set, when `exc` comes from the caller's AWS configuration (no
+    region, no or stale credentials, an endpoint out of reach); else None."""
+    from botocore.exceptions import (ClientError, EndpointConnectionError, NoCredentialsError, NoRegionError,
+                                     PartialCredentialsError, TokenRetrievalError)
+
+    if isinstance(exc, NoRegionError):
+        return ("no AWS region: set AWS_DEFAULT_REGION (or AWS_PROFILE with a region, or region in ~/.aws/config) "
+                "to the region the stack is deployed in")
+    if isinstance(exc, NoCredentialsError | PartialCredentialsError | TokenRetrievalError):
+        return (f"no usable AWS credentials ({exc}): set AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY (`aws configure`, or `aws sso login` for a profile)")
+    if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in _CREDENTIAL_CODES:
+        code = exc.response["Error"]["Code"]
+        return f"AWS refused the credentials ({code}): refresh them (`aws sso login`, or new keys) or set AWS_PROFILE"
+    if isinstance(exc, EndpointConnectionError):
+        return f"cannot reach AWS ({exc}): check the network, the region, or AWS_ENDPOINT_URL"
+    return None
 
 
 @dataclass
@@ -46,19 +70,22 @@ class Deployment:
         """Read the stack's outputs (StateMachineArn, DataBucketName, ...)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        cfn = (session or _session()).client("cloudformation")
         try:
+            cfn = (session or _session()).client("cloudformation")
             found = cfn.describe_stacks(StackName=stack)["Stacks"]
-        except ClientError as exc:
-            raise DeploymentError(f"stack {stack}: {exc.response['Error'].get('Message', exc)} "
-                                  "(deploy it with `npx cdk deploy`, or pass --stack NAME)") from None
-        except BotoCoreError as exc:
+        except (ClientError, BotoCoreError) as exc:
+            if (problem := configuration_problem(exc)) is not None:
+                raise DeploymentError(problem) from None
+            if isinstance(exc, ClientError) and "does not exist" in exc.response["Error"].get("Message", ""):
+                raise DeploymentError(
+                    f"stack {stack} does not exist in {cfn.meta.region_name}: deploy it (`npx cdk deploy`), pass "
+                    "--stack NAME (or set EBB_STACK), or set AWS_DEFAULT_REGION to the stack's region") from None
             raise DeploymentError(f"stack {stack}: {exc}") from None
         outputs = {o["OutputKey"]: o["OutputValue"] for o in found[0].get("Outputs", [])}
         missing = [k for k in OUTPUTS if k not in outputs]
         if missing:
             raise DeploymentError(f"stack {stack} has no output {missing[0]}: is it an Ebb stack?")
-        return cls(stack, outputs["StateMachineArn"], outputs["DataBucketName"], outputs)
+        return cls(stack, outputs[names.STATE_MACHINE_OUTPUT], outputs[names.BUCKET_OUTPUT], outputs)
 
     # -- submit ------------------------------------------------------------------------
     def upload_dataset(self, folder: str, progress: Callable[[str], None] = print) -> str:
@@ -73,7 +100,7 @@ class Deployment:
             raise DeploymentError(f"data: {folder} has no {MANIFEST_KEY}; prepare it first with `ebb prepare`"
                                   ) from None
         digest = hashlib.sha256(manifest).hexdigest()[:12]
-        location = f"s3://{self.bucket}/datasets/{Path(folder).resolve().name}-{digest}"
+        location = f"s3://{self.bucket}/{names.DATASETS}{Path(folder).resolve().name}-{digest}"
         remote = open_object_store(location)
         if remote.exists(MANIFEST_KEY):
             progress(f"dataset already uploaded: {location}")
@@ -96,7 +123,7 @@ class Deployment:
                 doc["data"] = self.upload_dataset(spec.data, progress)
         if spec.prepare is not None and not is_s3(spec.prepare.input):
             if Path(spec.prepare.input).is_file():
-                key = f"raw/{spec.name}/{Path(spec.prepare.input).name}"
+                key = f"{names.RAW}{spec.name}/{Path(spec.prepare.input).name}"
                 open_object_store(f"s3://{self.bucket}").put_file(key, spec.prepare.input)
                 doc["prepare"]["input"] = f"s3://{self.bucket}/{key}"
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
@@ -139,16 +166,18 @@ class Execution:
         try:
             return sfn.describe_execution(executionArn=self.arn)
         except ClientError as exc:
-            raise DeploymentError(f"execution {self.arn}: {exc.response['Error'].get('Message', exc)}") from None
+            problem = configuration_problem(exc)
+            raise DeploymentError(problem or f"execution {self.arn}: {exc.response['Error'].get('Message', exc)}") \
+                from None
 
     def out_location(self) -> str:
         """Where the job writes its outputs: the ``out`` of its normalised spec (Validate wrote
         it), else the default ``jobs/<id>`` in the bucket."""
         bucket = open_object_store(f"s3://{self.deployment.bucket}")
         try:
-            return json.loads(bucket.get(f"jobs/{self.job_id}/spec.json"))["out"].rstrip("/")
+            return json.loads(bucket.get(names.spec_key(self.job_id)))["out"].rstrip("/")
         except KeyError:
-            return f"s3://{self.deployment.bucket}/jobs/{self.job_id}"
+            return f"s3://{self.deployment.bucket}/{names.job_prefix(self.job_id)}"
 
     def progress(self, out: str) -> dict | None:
         try:

@@ -197,7 +197,11 @@ class PrepareSpec(_Strict):
 
 
 class AwsSpec(_Strict):
-    """What the job runs on AWS (and what the cost model prices, locally too)."""
+    """What a local run is priced at (cost model); on a stack, Validate sets these from the deployment.
+
+    A deployed job runs on the functions and cache the stack was deployed with (cdk.json's
+    ebb: keys): their memory, architecture and cache replace these fields in its spec, so
+    its cost is always priced from what runs. The defaults are cdk.json's."""
 
     memory_mb: int = Field(1769, ge=128, le=10240, description="Lambda memory per worker (1769 MB = one vCPU)")
     supervisor_memory_mb: int = Field(1024, ge=128, le=10240, description="the supervisor's (the deployment's "

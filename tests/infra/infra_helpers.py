@@ -17,12 +17,18 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
+# Synthesised for a region and account, as every real deploy is: the names in cdk-nag's
+# findings (which its acknowledgements must match) change with them. The availability
+# zones are what `cdk deploy` looks up and keeps in cdk.context.json.
+SCALED_ENV = {"region": "eu-west-1", "account": "111122223333"}
 SCALED = {"ebb:maxWorkers": 64, "ebb:egress": "nat", "ebb:cacheShards": 2, "ebb:cacheReplicas": 1,
-          "ebb:workerReservedConcurrency": 64, "ebb:workerMemoryMb": 3008, "ebb:retainData": True}
+          "ebb:workerReservedConcurrency": 64, "ebb:workerMemoryMb": 3008, "ebb:retainData": True,
+          "availability-zones:account=111122223333:region=eu-west-1": ["eu-west-1a", "eu-west-1b", "eu-west-1c"]}
 # Also: a data bucket kept from an earlier deployment, imported rather than created.
 KEPT_BUCKET = "ebb-data-kept"
 SERVERLESS = {"ebb:cache": "serverless", "ebb:cacheEngine": "valkey", "ebb:cacheServerlessMaxGb": 2,
               "ebb:dataBucketName": KEPT_BUCKET}
+SERVERLESS_ENV = {"region": "ap-southeast-2"}
 
 
 def resolve(value) -> str:
@@ -118,6 +124,8 @@ class Synthesis:
     template: dict
     outdir: Path
     context: dict = field(default_factory=dict)
+    region: str | None = None  # None: environment-agnostic
+    account: str | None = None
     lint: subprocess.Popen | None = None  # cfn-lint on the template, started right after synthesis
 
     @cached_property
@@ -145,7 +153,8 @@ class Synthesis:
         out = {}
         for props in self.of_type("AWS::Lambda::Function").values():
             handler = props.get("Handler") or props["ImageConfig"]["Command"][0]
-            out[handler.split(".")[-2]] = props
+            if handler.startswith("ebb.aws.handlers."):  # not CDK's own (the buckets' auto-delete)
+                out[handler.split(".")[-2]] = props
         return out
 
     def function_id(self, name: str) -> str:
@@ -177,7 +186,8 @@ def synthesise(outdir: Path, context: dict | None = None, *, lint: bool = False,
     from app import build_app
 
     assembly = build_app(str(outdir), context=context, **kwargs).synth()
-    synth = Synthesis(assembly.get_stack_by_name("Ebb").template, outdir, dict(context or {}))
+    synth = Synthesis(assembly.get_stack_by_name("Ebb").template, outdir, dict(context or {}), kwargs.get("region"),
+                      kwargs.get("account"))
     if lint:
         cfn_lint = "import sys; from cfnlint.runner import main; sys.exit(main())"  # the cfn-lint command
         synth.lint = subprocess.Popen([sys.executable, "-c", cfn_lint, str(outdir / "Ebb.template.json")], cwd=ROOT,

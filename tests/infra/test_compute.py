@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from infra_helpers import ROOT
+
+from ebb.ports import deployment as names
+from stacks.image import image_python
 
 IMAGE_FUNCTIONS = ("worker", "supervisor", "prepare", "finalize")
 ZIP_FUNCTIONS = ("validate", "on_failure")
@@ -52,7 +57,9 @@ def test_four_functions_run_from_one_image_with_their_own_command(default):
 
 def test_dockerfile_builds_the_lambda_image_with_cpu_torch():
     dockerfile = (ROOT / "lambda_src" / "Dockerfile").read_text()
-    assert dockerfile.startswith("#") and "FROM public.ecr.aws/lambda/python:3.11\n" in dockerfile
+    python = image_python(ROOT / "lambda_src")  # every stage FROM the same Lambda Python base
+    assert dockerfile.startswith("#") and f"FROM public.ecr.aws/lambda/python:{python}\n" in dockerfile
+    assert "dnf install" in dockerfile and "yum" not in dockerfile  # Amazon Linux 2023
     assert re.search(r"pip install .*--index-url https://download.pytorch.org/whl/cpu torch==\S+", dockerfile)
     assert "-r ${LAMBDA_TASK_ROOT}/requirements-image.txt" in dockerfile
     assert "COPY ebb ${LAMBDA_TASK_ROOT}/ebb" in dockerfile
@@ -64,8 +71,9 @@ def test_dockerfile_builds_the_lambda_image_with_cpu_torch():
 
 
 def test_zip_functions_carry_the_light_package_and_the_layer(default):
+    runtime = f"python{image_python(ROOT / 'lambda_src')}"  # the image's Python: one interpreter on AWS
     layer_id, layer = default.one("AWS::Lambda::LayerVersion")
-    assert layer["CompatibleRuntimes"] == ["python3.11"] and layer["CompatibleArchitectures"] == ["x86_64"]
+    assert layer["CompatibleRuntimes"] == [runtime] and layer["CompatibleArchitectures"] == ["x86_64"]
     layer_dir = (
         default.outdir / default.assets["files"][layer["Content"]["S3Key"].removesuffix(".zip")]["source"]["path"]
     )
@@ -74,7 +82,7 @@ def test_zip_functions_carry_the_light_package_and_the_layer(default):
     assert not (layer_dir / "python" / "boto3").exists() and not (layer_dir / "python" / "botocore").exists()
     for name in ZIP_FUNCTIONS:
         props = default.functions[name]
-        assert props["Runtime"] == "python3.11" and props["Handler"] == f"ebb.aws.handlers.{name}.handler"
+        assert props["Runtime"] == runtime and props["Handler"] == f"ebb.aws.handlers.{name}.handler"
         assert props["Layers"] == [{"Ref": layer_id}]
         code = zip_asset_dir(default, name)
         for kept in (
@@ -105,22 +113,44 @@ def test_zip_functions_carry_the_light_package_and_the_layer(default):
             "requirements-image.txt",
         ):
             assert not (code / dropped).exists(), dropped
-        assert not list(code.rglob("__pycache__"))
+        assert not list(code.rglob("__pycache__")) and not list(code.rglob("*.so"))
+
+
+def test_the_image_asset_holds_no_build_output_of_this_machine(default):
+    """A locally built kernel or bytecode in the image's build context would change the asset's
+    hash on every machine, and every deploy would build and push the image again."""
+    (image,) = default.assets["dockerImages"].values()
+    staged = default.outdir / image["source"]["directory"]
+    assert (ROOT / "lambda_src" / "ebb" / "native" / "kernels.c").is_file()
+    assert not [p for p in staged.rglob("*") if p.suffix in (".so", ".pyc") or p.name == "__pycache__"]
+
+
+@pytest.fixture(scope="module")
+def runtime_layer(tmp_path_factory):
+    """(interpreter, layer folder): the functions' Python with the staged layer when this machine
+    has that Python, else this interpreter with the same requirements staged for it."""
+    version = image_python(ROOT / "lambda_src")
+    found = shutil.which(f"python{version}") or next(
+        (str(p) for p in sorted(Path.home().glob(f".pyenv/versions/{version}*/bin/python{version}"))), None)
+    if found and subprocess.run([found, "-c", "import sys"], capture_output=True, check=False).returncode == 0:
+        return found, ROOT / "layers" / "common" / "python"
+    layer = tmp_path_factory.mktemp("layer")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--target", str(layer),
+                    "-r", str(ROOT / "layers" / "requirements-common.txt")], check=True, capture_output=True)
+    return sys.executable, layer
 
 
 @pytest.mark.parametrize("name", ZIP_FUNCTIONS)
-def test_zip_handlers_import_with_only_their_package_and_the_layer(default, name):
+def test_zip_handlers_import_with_only_their_package_and_the_layer(default, runtime_layer, name):
     code = zip_asset_dir(default, name)
-    if not (code / "ebb" / "aws" / "handlers" / f"{name}.py").is_file():
-        pytest.skip(f"lambda_src/ebb/aws/handlers/{name}.py is not written yet")
-    layer = ROOT / "layers" / "common" / "python"
+    python, layer = runtime_layer
     script = (
         f"import sys; sys.path[:0] = [{str(code)!r}, {str(layer)!r}]; "
         f"sys.modules.update(dict.fromkeys({HEAVY!r})); "  # importing any of these now raises
         f"import importlib; importlib.import_module('ebb.aws.handlers.{name}')"
     )
     result = subprocess.run(
-        [sys.executable, "-I", "-c", script],
+        [python, "-I", "-c", script],
         capture_output=True,
         text=True,
         timeout=120,
@@ -135,13 +165,20 @@ def test_environment_is_what_docs_aws_md_lists_for_each_function(default):
     for name, props in default.functions.items():
         env = props["Environment"]["Variables"]
         assert set(env) == documented[name], name
-        assert env["POWERTOOLS_SERVICE_NAME"] == f"ebb-{name.replace('_', '-')}"
+        assert env["POWERTOOLS_SERVICE_NAME"] == names.service_name(name)
         assert env["EBB_BUCKET"] == {
             "Ref": next(k for k, v in default.of_type("AWS::S3::Bucket").items() if "LoggingConfiguration" in v)
         }
         assert env["EBB_METRICS_NAMESPACE"] == "Ebb"
         if "EBB_MAX_WORKERS" in env:
             assert env["EBB_MAX_WORKERS"] == "24"
+    # Validate prices and checks a job with what the deployment runs it on.
+    deployment = json.loads(default.functions["validate"]["Environment"]["Variables"]["EBB_DEPLOYMENT"])
+    context = json.loads((ROOT / "cdk.json").read_text())["context"]
+    assert deployment == {
+        "worker_memory_mb": context["ebb:workerMemoryMb"], "supervisor_memory_mb": context["ebb:supervisorMemoryMb"],
+        "supervisor_timeout_s": context["ebb:supervisorTimeoutSeconds"], "arch": "x86_64", "worker_reserved": None,
+        "supervisor_reserved": None, "map": "inline", "cache_node_type": "cache.t4g.medium", "cache_nodes": 1}
 
 
 def test_sizes_tracing_and_logs_come_from_context(default, scaled):
@@ -152,9 +189,13 @@ def test_sizes_tracing_and_logs_come_from_context(default, scaled):
         assert props["MemorySize"] == context[f"ebb:{key}MemoryMb"], name
         assert props["Timeout"] == context[f"ebb:{key}TimeoutSeconds"], name
         assert "ReservedConcurrentExecutions" not in props, name
-        assert props["TracingConfig"] == {"Mode": "Active"}
+        # The default VPC has no route to X-Ray (isolated subnets, no xray endpoint): only the
+        # functions outside it trace; behind a NAT gateway (scaled) all do.
+        assert props.get("TracingConfig") == (None if name in ("worker", "supervisor") else {"Mode": "Active"}), name
+        assert scaled.functions[name]["TracingConfig"] == {"Mode": "Active"}, name
         group = props["LoggingConfig"]["LogGroup"]["Ref"]
         assert groups[group]["RetentionInDays"] == context["ebb:logRetentionDays"]
+        assert groups[group]["LogGroupName"] == f"/ebb/Ebb/{name.replace('_', '-')}"  # README "Logs"
         expected_tmp = context["ebb:prepareEphemeralMb"] if name == "prepare" else 512
         assert props["EphemeralStorage"] == {"Size": expected_tmp}
     worker = scaled.functions["worker"]
@@ -175,9 +216,12 @@ def test_only_the_redis_functions_may_read_the_auth_token(default):
     assert readers == {"worker", "supervisor"}
 
 
-def test_writes_are_confined_to_the_documented_prefixes(default):
+def test_writes_are_confined_to_the_keys_the_runtime_writes(default):
+    """Each role may put and delete exactly the key patterns of ebb.ports.deployment (the rehearsal,
+    tests/infra/test_rehearsal.py, shows the runtime needs every one of them)."""
     bucket = next(k for k, v in default.of_type("AWS::S3::Bucket").items() if "LoggingConfiguration" in v)
     writes: dict[str, set[str]] = {}
+    deletes: dict[str, set[str]] = {}
     for name, props in default.functions.items():
         role = props["Role"]["Fn::GetAtt"][0]
         for policy in default.of_type("AWS::IAM::Policy").values():
@@ -185,19 +229,17 @@ def test_writes_are_confined_to_the_documented_prefixes(default):
                 continue
             for s in policy["PolicyDocument"]["Statement"]:
                 actions = [s["Action"]] if isinstance(s["Action"], str) else s["Action"]
-                if "s3:PutObject" in actions:
+                for action, found in (("s3:PutObject", writes), ("s3:DeleteObject*", deletes)):
+                    if action not in actions:
+                        continue
                     resources = s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]]
                     for r in resources:
                         if r == {"Fn::GetAtt": [bucket, "Arn"]}:
                             continue  # the bucket itself (List, GetBucket* share the statement): no objects
                         arn, suffix = r["Fn::Join"][1]
                         assert arn == {"Fn::GetAtt": [bucket, "Arn"]}
-                        writes.setdefault(name, set()).add(suffix)
-    assert writes == {
-        "worker": {"/checkpoints/*", "/scratch/*"},
-        "supervisor": {"/checkpoints/*", "/scratch/*"},
-        "prepare": {"/datasets/*"},
-        "finalize": {"/jobs/*"},
-        "validate": {"/jobs/*"},
-        "on_failure": {"/jobs/*"},
-    }
+                        found.setdefault(name, set()).add(suffix.removeprefix("/"))
+    assert writes == {name: set(patterns) for name, patterns in names.PUT.items()}
+    assert deletes == {name: set(patterns) for name, patterns in names.DELETE.items()}
+    assert writes["supervisor"] == {"checkpoints/*", "scratch/*", "jobs/*/progress.json"}
+    assert writes["validate"] == {"jobs/*/spec.json"}

@@ -6,7 +6,7 @@ import json
 
 from infra_helpers import resolve
 
-from stacks.dashboard import JOB_METRICS
+from ebb.ports.deployment import JOB_METRICS
 
 
 def metrics_of(body: dict) -> list[list]:

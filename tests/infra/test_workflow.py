@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 LAMBDA_ERRORS = ["Lambda.ServiceException", "Lambda.AWSLambdaException", "Lambda.SdkClientException",
                  "Lambda.TooManyRequestsException"]
 
@@ -97,6 +99,9 @@ def test_every_failure_records_its_state_then_runs_on_failure_then_fails(default
     assert on_failure["Parameters"]["Payload.$"] == "$" and on_failure["ResultPath"] == "$.report"
     fail = states[on_failure["Next"]]
     assert fail == {"Type": "Fail", "ErrorPath": "$.error.Error", "CausePath": "$.error.Cause"}
+    # OnFailure failing does not hide the original error: its own goes beside it, then the same Fail.
+    assert on_failure["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.on_failure_error",
+                                    "Next": on_failure["Next"]}]
     # The tasks inside the round have no Catch of their own: the Round's catches them.
     branches = states["Round"]["Branches"]
     assert "Catch" not in branches[0]["States"]["Supervisor"]
@@ -124,3 +129,21 @@ def test_executions_are_logged_and_traced(default):
     assert logging["Level"] == "ALL" and logging["IncludeExecutionData"] is True
     group = logging["Destinations"][0]["CloudWatchLogsLogGroup"]["LogGroupArn"]["Fn::GetAtt"][0]
     assert default.of_type("AWS::Logs::LogGroup")[group]["RetentionInDays"] == 30
+    # Logs a service delivers go under /aws/vendedlogs/, or the delivery's resource policy grows per group.
+    assert default.of_type("AWS::Logs::LogGroup")[group]["LogGroupName"] == "/aws/vendedlogs/states/Ebb-executions"
+
+
+def test_an_execution_stopped_or_timed_out_goes_to_on_failure(default):
+    (rule,) = default.of_type("AWS::Events::Rule").values()
+    machine, _ = default.one("AWS::StepFunctions::StateMachine")
+    assert rule["EventPattern"] == {"source": ["aws.states"], "detail-type": ["Step Functions Execution Status Change"],
+                                    "detail": {"stateMachineArn": [{"Ref": machine}],
+                                               "status": ["ABORTED", "TIMED_OUT"]}}
+    (target,) = rule["Targets"]
+    assert target["Arn"] == {"Fn::GetAtt": [default.function_id("on_failure"), "Arn"]}
+    payload = target["InputTransformer"]
+    assert payload["InputPathsMap"] == {"detail-name": "$.detail.name", "detail-status": "$.detail.status"}
+    assert json.loads(payload["InputTemplate"].replace("<detail-name>", '"x"').replace("<detail-status>", '"y"'))[
+        "failed_state"] == "Execution"
+    (permission,) = default.of_type("AWS::Lambda::Permission").values()
+    assert permission["Principal"] == "events.amazonaws.com" and permission["FunctionName"] == target["Arn"]

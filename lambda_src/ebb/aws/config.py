@@ -1,4 +1,4 @@
-"""The environment the stack gives every function (docs/AWS.md), read once.
+"""The environment the stack gives every function (docs/AWS.md; the names in ``ebb.ports.deployment``), read once.
 
 Each function gets only the variables it needs, so a variable is checked when a handler
 asks for what needs it: the cache's (``ebb.stores.elasticache.CacheConfig``) and the
@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from functools import cache
 
+from ebb.ports import deployment as names
 
 class ConfigError(RuntimeError):
     """A variable the stack should have set is missing or malformed."""
@@ -22,21 +23,22 @@ class AwsConfig:
     bucket: str
     max_workers: int = 64
     events_topic_arn: str | None = None
-    metrics_namespace: str = "Ebb"
+    metrics_namespace: str = names.METRICS_NAMESPACE
     env: dict[str, str] = field(default_factory=dict, repr=False)  # the snapshot the stores read theirs from
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> AwsConfig:
         env = dict(os.environ if env is None else env)
-        if not env.get("EBB_BUCKET"):
-            raise ConfigError("EBB_BUCKET is not set: this function runs only inside the deployed Ebb stack")
+        if not env.get(names.BUCKET_ENV):
+            raise ConfigError(f"{names.BUCKET_ENV} is not set: this function runs only inside the deployed Ebb stack")
         try:
-            max_workers = int(env.get("EBB_MAX_WORKERS", "64"))
+            max_workers = int(env.get(names.MAX_WORKERS_ENV, "64"))
         except ValueError:
-            raise ConfigError(f"EBB_MAX_WORKERS must be an integer, got {env['EBB_MAX_WORKERS']!r}") from None
-        return cls(bucket=env["EBB_BUCKET"], max_workers=max_workers,
-                   events_topic_arn=env.get("EBB_EVENTS_TOPIC_ARN") or None,
-                   metrics_namespace=env.get("EBB_METRICS_NAMESPACE", "Ebb"), env=env)
+            raise ConfigError(f"{names.MAX_WORKERS_ENV} must be an integer, "
+                              f"got {env[names.MAX_WORKERS_ENV]!r}") from None
+        return cls(bucket=env[names.BUCKET_ENV], max_workers=max_workers,
+                   events_topic_arn=env.get(names.EVENTS_TOPIC_ENV) or None,
+                   metrics_namespace=env.get(names.METRICS_NAMESPACE_ENV, names.METRICS_NAMESPACE), env=env)
 
 
 @cache

@@ -1,26 +1,35 @@
 """A job's places on AWS, resolved from its id: the data-access layer of the handlers.
 
-Object keys (docs/AWS.md): the normalised spec at ``jobs/<id>/spec.json``, outputs under
-the spec's ``out`` (default ``s3://<bucket>/jobs/<id>``), checkpoints under
-``checkpoints/<id>/``, channel overflow under ``scratch/<id>/``. Imports stay light here:
-the zip functions (validate, on_failure) have no numpy or torch.
+Object keys (docs/AWS.md; ``ebb.ports.deployment``): the normalised spec at ``jobs/<id>/spec.json``,
+outputs and ``progress.json`` under the spec's ``out`` (default ``s3://<bucket>/jobs/<id>``),
+the abort marker at ``jobs/<id>/abort.json``, checkpoints under ``checkpoints/<id>/``,
+channel overflow under ``scratch/<id>/``. Imports stay light here: the zip functions
+(validate, on_failure) have no numpy or torch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
+from ebb.ports import deployment as names
 from ebb.aws.config import AwsConfig
 from ebb.ports.keys import PROGRESS_KEY
 from ebb.ports.objects import ObjectStore
 from ebb.spec import JobSpec
 from ebb.stores import open_object_store
 
+# How often a running supervisor looks for the abort marker (one S3 request each time).
+ABORT_POLL_S = 3.0
 
-def spec_key(job_id: str) -> str:
-    return f"jobs/{job_id}/spec.json"
+
+class JobStopped(RuntimeError):
+    """The job's abort marker is set: a state failed, or the execution was stopped."""
 
 
 @dataclass
@@ -47,12 +56,16 @@ class Job:
         return open_object_store(self.spec.out_location)
 
     @cached_property
+    def bucket(self) -> ObjectStore:
+        return self.bucket_store(self.config)
+
+    @cached_property
     def checkpoints(self) -> ObjectStore:
-        return open_object_store(f"s3://{self.config.bucket}/checkpoints/{self.job_id}")
+        return open_object_store(f"s3://{self.config.bucket}/{names.checkpoints_prefix(self.job_id)}")
 
     @cached_property
     def scratch(self) -> ObjectStore:
-        return open_object_store(f"s3://{self.config.bucket}/scratch/{self.job_id}")
+        return open_object_store(f"s3://{self.config.bucket}/{names.scratch_prefix(self.job_id)}")
 
     @cached_property
     def cache(self):
@@ -81,6 +94,57 @@ class Job:
     def write_progress(self, progress: dict) -> None:
         self.out.put(PROGRESS_KEY, json.dumps(progress, separators=(",", ":")).encode())
 
+    # -- the abort marker: written by OnFailure, polled by a running supervisor ----------
+    def abort(self, reason: str) -> None:
+        """Set the marker: every invocation of this job still running returns within seconds."""
+        body = {"reason": reason, "at": time.time()}
+        self.bucket.put(names.abort_key(self.job_id), json.dumps(body).encode())
+
+    def aborted(self) -> str | None:
+        """Why the job was stopped, if its abort marker is set."""
+        try:
+            return json.loads(self.bucket.get(names.abort_key(self.job_id))).get("reason", "stopped")
+        except KeyError:
+            return None
+
+    def abort_check(self, every_s: float = ABORT_POLL_S) -> Callable[[], BaseException | None]:
+        """For the supervisor's ``interrupted`` hook, asked every poll: a JobStopped once the
+        marker is set, reading it at most every ``every_s``."""
+        last = -every_s
+
+        def check() -> BaseException | None:
+            nonlocal last
+            if time.monotonic() - last < every_s:
+                return None
+            last = time.monotonic()
+            reason = self.aborted()
+            return JobStopped(f"the job was stopped: {reason}") if reason is not None else None
+
+        return check
+
+
+@contextlib.contextmanager
+def heartbeat_while(beat: Callable[[], None], every_s: float = 1.0) -> Iterator[None]:
+    """Call ``beat`` now and every ``every_s`` until the block ends: the workers of a round
+    hear from the supervisor while it does something long before its loop (a preflight)."""
+    stopped = threading.Event()
+
+    def run() -> None:
+        while not stopped.is_set():
+            try:
+                beat()
+            except Exception:  # the block meets the same store and says what is wrong
+                pass
+            stopped.wait(every_s)
+
+    thread = threading.Thread(target=run, name="ebb-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stopped.set()
+        thread.join(timeout=5)
+
 
 class JobSpecError(ValueError):
     """The execution's job spec cannot run on this deployment (the message names the field)."""
@@ -88,11 +152,27 @@ class JobSpecError(ValueError):
 
 def normalise_for_aws(spec: JobSpec, config: AwsConfig, job_id: str) -> JobSpec:
     """The spec as it runs here: bucket-relative locations made s3:// URLs, outputs under
-    ``jobs/<id>``, and what the deployment cannot do refused with the field's name."""
+    ``jobs/<id>``, and what the deployment cannot do refused with the field's name: every
+    location must be in the stack's bucket, ``out`` under ``jobs/`` (where the functions
+    may write outputs) and a dataset to prepare under ``datasets/``."""
     bucket = f"s3://{config.bucket}"
 
     def absolute(location: str) -> str:
         return location if location.startswith("s3://") else f"{bucket}/{location.lstrip('/')}"
+
+    def readable(field: str, location: str) -> str:
+        url = absolute(location)
+        if not url.startswith(f"{bucket}/"):
+            raise JobSpecError(f"{field}: {location} is outside this stack's bucket; the functions may read only "
+                               f"{bucket}/ (a local folder given to `ebb submit` is uploaded there)")
+        return url
+
+    if spec.out:
+        out = absolute(spec.out)
+        if not out.startswith(f"{bucket}/{names.JOBS}") or out.rstrip("/") == f"{bucket}/{names.JOBS.rstrip('/')}":
+            raise JobSpecError(f"out: {spec.out} is outside what this stack may write; a job's outputs go under "
+                               f"{bucket}/{names.JOBS} (e.g. out: {names.JOBS}my-run), or leave out unset for "
+                               f"{names.JOBS}<execution>")
 
     if spec.redis_urls:
         raise JobSpecError("redis_urls: a deployed job uses the stack's cache; remove the field")
@@ -103,13 +183,15 @@ def normalise_for_aws(spec: JobSpec, config: AwsConfig, job_id: str) -> JobSpec:
     if spec.scaling.policy == "schedule" and grows > spec.workers:
         raise JobSpecError(f"scaling.schedule: {grows} workers is more than the {spec.workers} the job starts with; "
                            "on AWS a schedule may only remove workers (start with the most you need)")
-    update: dict = {"data": absolute(spec.data), "out": absolute(spec.out) if spec.out else f"{bucket}/jobs/{job_id}"}
+    update: dict = {"data": readable("data", spec.data),
+                    "out": absolute(spec.out) if spec.out else f"{bucket}/{names.job_prefix(job_id)}"}
     if spec.prepare is not None:
-        if not update["data"].startswith(f"{bucket}/datasets/"):
-            raise JobSpecError(f"data: with a prepare section, data must be under datasets/ in the bucket (the "
-                               f"Prepare function writes only there), got {spec.data}")
+        if not update["data"].startswith(f"{bucket}/{names.DATASETS}"):
+            raise JobSpecError(f"data: with a prepare section, data must be under {names.DATASETS} in the bucket "
+                               f"(the Prepare function writes only there), got {spec.data}")
         prepare = spec.prepare.model_copy(update={
-            "input": absolute(spec.prepare.input),
-            "test_input": absolute(spec.prepare.test_input) if spec.prepare.test_input else None})
+            "input": readable("prepare.input", spec.prepare.input),
+            "test_input": readable("prepare.test_input", spec.prepare.test_input) if spec.prepare.test_input
+            else None})
         update["prepare"] = prepare
     return spec.model_copy(update=update)

@@ -1,6 +1,7 @@
 """What the supervisor shows while a job runs on AWS: CloudWatch metrics in embedded
 metric format (powertools Metrics; docs/AWS.md "Metrics") and a small ``progress.json``
-for ``ebb watch``. Both are written every few steps, never per worker step."""
+for ``ebb watch``. Both are written every few steps, never per worker step. Once the job's
+abort marker is set (it failed, or was stopped) the progress is left as OnFailure wrote it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
+from ebb.ports import deployment as names
 from ebb.aws.jobs import Job
 
 FLUSH_EVERY_STEPS = 10
@@ -40,7 +42,7 @@ class CloudWatchSink:
         if not self.pending:
             return
         m = self.metrics
-        m.add_dimension("JobId", self.job.job_id)
+        m.add_dimension(names.JOB_DIMENSION, self.job.job_id)
         for r in self.pending:
             m.add_metric("Loss", MetricUnit.NoUnit, r["loss"])
             m.add_metric("ActiveWorkers", MetricUnit.Count, r["workers"])
@@ -60,9 +62,10 @@ class CloudWatchSink:
         m.add_metadata("model", self.job.spec.model)
         m.flush_metrics()
         self.last = self.pending[-1]
-        self.job.write_progress({key: self.last[key] for key in ("step", "time", "loss", "epoch", "workers", "round",
-                                                                 "cost_usd") if key in self.last}
-                                | {"state": "running", "updated_at": time.time()})
+        if self.job.aborted() is None:  # a failed job's progress says "failed", not "running"
+            shown = ("step", "time", "loss", "epoch", "workers", "round", "cost_usd")
+            self.job.write_progress({key: self.last[key] for key in shown if key in self.last}
+                                    | {"state": "running", "updated_at": time.time()})
         self.pending = []
         self._flushed_at = time.monotonic()
 

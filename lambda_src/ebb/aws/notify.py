@@ -7,15 +7,16 @@ import json
 
 import boto3
 
+from ebb.ports import deployment as names
 from ebb.aws.config import AwsConfig
 
 
 def publish_job_event(config: AwsConfig, kind: str, job_id: str, detail: dict, client=None) -> None:
-    """Publish ``{"event": kind, "job_id", ...detail}``; ``kind`` is job.finished or job.failed."""
+    """Publish ``{"event": kind, "job_id", ...detail}``; ``kind`` is ``names.JOB_FINISHED`` or ``JOB_FAILED``."""
     if not config.events_topic_arn:
         return
     body = {"event": kind, "job_id": job_id, **detail}
     (client or boto3.client("sns")).publish(
         TopicArn=config.events_topic_arn, Subject=f"Ebb {kind}: {job_id}"[:100],
         Message=json.dumps(body, default=str),
-        MessageAttributes={"event": {"DataType": "String", "StringValue": kind}})
+        MessageAttributes={names.EVENT_ATTRIBUTE: {"DataType": "String", "StringValue": kind}})

@@ -4,7 +4,7 @@ Objective per step: mean binary cross-entropy over the minibatch plus ``½λ|w_t
 The sparse model touches only the feature rows present in the batch; the dense model
 touches every row (its updates are dense, so the significance filter decides all of
 them). Where the compiled kernels run, a sparse LR step is one pass of
-``ebb.native.training``; the torch code here is its reference and its fallback.
+``ebb.models.compiled``; the torch code here is its reference and its fallback.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ebb.models.base import Model
 from ebb.catalogue import entry
 from ebb.models.metrics import classification_metrics
 from ebb.models.optim import SparseAdam
-from ebb.native import training
+from ebb.models import compiled
 
 _BIAS_ROW = torch.zeros(1, dtype=torch.int64)
 
@@ -71,8 +71,8 @@ class SparseLR(_Logistic):
                            torch.from_numpy(arrays["label"].astype(np.float32)))
 
     def local_update(self, batch: SparseBatch):
-        """In one compiled pass where the kernels run (``ebb.native.training``), else in torch."""
-        fused = training.sparse_lr_update(self.params, self.optimizer, batch, self.l2)
+        """In one compiled pass where the kernels run (``ebb.models.compiled``), else in torch."""
+        fused = compiled.sparse_lr_update(self.params, self.optimizer, batch, self.l2)
         return fused if fused is not None else super().local_update(batch)
 
     def _logits(self, b: SparseBatch):

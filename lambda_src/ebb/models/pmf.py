@@ -5,7 +5,7 @@ the minibatch of ``½(r̂ − r)² + ½λ(|U_u|² + |V_i|² + b_u² + b_i²)`` (
 regularisation, as in Funk-style SGD), so the learning rate means the same thing for
 any batch size. Gradients are computed by hand over the unique users and items of the
 batch (no autograd): only those rows change. Where the compiled kernels run, a step is
-one pass of ``ebb.native.training`` with the same arithmetic; this torch code is its
+one pass of ``ebb.models.compiled`` with the same arithmetic; this torch code is its
 reference and its fallback.
 
 Each bias is stored as the last column of its side's table (``user`` is ``[users,
@@ -35,7 +35,7 @@ from ebb.models.base import Model
 from ebb.catalogue import entry
 from ebb.models.metrics import rmse
 from ebb.models.optim import SparseAdam, SparseSGD
-from ebb.native import training
+from ebb.models import compiled
 
 
 OPTIMIZERS = ("sgd_momentum", "adam")  # the first is the default
@@ -82,8 +82,8 @@ class PMF(Model):
                             user_count, item_count)
 
     def local_update(self, batch: RatingsBatch):
-        """In one compiled pass where the kernels run (``ebb.native.training``), else in torch."""
-        fused = training.pmf_update(self.params, self.optimizer, batch, self.rank, self.mu, self.l2)
+        """In one compiled pass where the kernels run (``ebb.models.compiled``), else in torch."""
+        fused = compiled.pmf_update(self.params, self.optimizer, batch, self.rank, self.mu, self.l2)
         return fused if fused is not None else super().local_update(batch)
 
     def _forward(self, b: RatingsBatch):

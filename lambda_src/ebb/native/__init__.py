@@ -1,5 +1,5 @@
 """Ebb's optional compiled kernels: ISP's codec hot loops in one pass each, and the models'
-training steps (``ebb.native.training``).
+training steps (``ebb.models.compiled``).
 
 numpy costs one pass over the data per operation. Decoding a masked int8 payload takes
 five of them (unpack the masks, find the carried positions, scatter the codes, widen,
@@ -8,7 +8,7 @@ payload every step. ``kernels.c`` does each such loop in one pass. It is built b
 ``python -m ebb.native`` (``scripts/setup.sh`` and the worker image run it) and loaded
 with ctypes. Without it, or with ``EBB_NATIVE=0``, every caller falls back to numpy.
 Both paths give bit-identical results, so a fleet may mix them. ``train.c``, built into
-the same library, holds the training steps (``ebb.native.training``, whose fallback is
+the same library, holds the training steps (``ebb.models.compiled``, whose fallback is
 the models' torch path) and ``add_rows``, the scatter of a local update into a replica.
 """
 
@@ -147,7 +147,7 @@ def isp_filter(table: np.ndarray, rows: np.ndarray, vals: np.ndarray, x: np.ndar
 
 class Optim(ctypes.Structure):
     """train.c's ebb_optim: an optimiser's scalars, rounded as torch rounds them (see
-    ``ebb.native.training``)."""
+    ``ebb.models.compiled``)."""
 
     _fields_ = [("kind", ctypes.c_int32), ("fused_axpy", ctypes.c_int32), ("fused_addcmul", ctypes.c_int32),
                 ("nesterov", ctypes.c_int32), ("lr_neg", ctypes.c_float), ("momentum", ctypes.c_float),

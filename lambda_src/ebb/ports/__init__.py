@@ -7,7 +7,8 @@
 - ``launcher``: how a worker is started, and the launcher that starts it;
 - ``metrics``: the sink a supervisor shows its steps to;
 - ``keys``: the names of what the parts share in those stores;
-- ``manifest``: what a prepared dataset holds, and its one loader.
+- ``manifest``: what a prepared dataset holds, and its one loader;
+- ``deployment``: the names an AWS deployment (``stacks/``) and its runtime share.
 
 The engine, the stores, the local runner, the AWS handlers and the data pipeline all
 import from here; nothing here imports from them. Light on purpose (pydantic, no numpy

@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
+from ebb.ports.deployment import REDIS_CLUSTER_ENV, REDIS_SECRET_ENV, REDIS_URLS_ENV
 from ebb.stores.redis_store import (CONNECTION_OPTIONS, UPDATE_TTL_S, RedisSignalChannel, RedisUpdateStore, connect,
                                     job_prefix)
 
@@ -108,14 +109,14 @@ class CacheConfig(NamedTuple):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CacheConfig:
         env = os.environ if environ is None else environ
-        urls = [u.strip() for u in env.get("EBB_REDIS_URLS", "").split(",") if u.strip()]
+        urls = [u.strip() for u in env.get(REDIS_URLS_ENV, "").split(",") if u.strip()]
         if not urls:
-            raise ValueError("EBB_REDIS_URLS is not set: the cache's rediss://host:port endpoints, comma-separated "
+            raise ValueError(f"{REDIS_URLS_ENV} is not set: the cache's rediss://host:port endpoints, comma-separated "
                              "(see docs/AWS.md, 'Environment variables')")
-        cluster = env.get("EBB_REDIS_CLUSTER", "0").strip()
+        cluster = env.get(REDIS_CLUSTER_ENV, "0").strip()
         if cluster not in ("0", "1"):
-            raise ValueError(f"EBB_REDIS_CLUSTER must be 0 or 1, not {cluster!r}")
-        return cls(urls, cluster == "1", env.get("EBB_REDIS_SECRET_ARN", "").strip() or None)
+            raise ValueError(f"{REDIS_CLUSTER_ENV} must be 0 or 1, not {cluster!r}")
+        return cls(urls, cluster == "1", env.get(REDIS_SECRET_ENV, "").strip() or None)
 
 
 class Cache(NamedTuple):

@@ -2,7 +2,7 @@
 
 One control topic carries the supervisor's directives; every worker slot has its own
 SQS queue, subscribed to the topic with raw message delivery and the filter policy
-``{"worker": ["<w>", "all"]}`` (``worker_filter_policy``), so SNS does the fan-out and a
+``{"worker": ["<w>", "all"]}`` (``ebb.ports.deployment.worker_filter_policy``), so SNS does the fan-out and a
 worker never reads, parses or discards a message meant for another. A directive goes
 out as ONE publish whose ``worker`` attribute is a ``String.Array`` of its trainers
 (a policy value matches an array when any element equals it): it reaches exactly
@@ -39,6 +39,8 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
+from ebb.ports.deployment import (CONTROL_TOPIC_ENV, FILTER_ATTRIBUTE, MAX_WORKERS_ENV, SUPERVISOR_QUEUE_ENV,
+                           WORKER_QUEUE_PREFIX_ENV, worker_queue_name)
 from ebb.ports.messages import Directive, EndReport, MessageError, StepReport, decode_directive, decode_report, encode
 from ebb.ports.objects import ObjectStore
 
@@ -49,17 +51,6 @@ BILLED_CHUNK_BYTES = 65_536  # each 64 KB of a request's payload is billed as on
 MAX_BATCH = 10
 MAX_WAIT_S = 20  # SQS's longest long poll
 LATER_ROUND_RETRY_S = 2  # a later round's message is left for its own consumer, visible again after this
-BROADCAST = "all"
-
-
-def worker_filter_policy(worker: int) -> dict[str, list[str]]:
-    """The filter policy of worker ``worker``'s subscription to the control topic."""
-    return {"worker": [str(worker), BROADCAST]}
-
-
-def worker_queue_name(prefix: str, worker: int) -> str:
-    """Worker ``worker``'s queue: the prefix (a queue URL or name prefix) + three digits."""
-    return f"{prefix}{worker:03d}"
 
 
 @dataclass
@@ -161,12 +152,12 @@ class SnsSqsSignalChannel:
                                  "'Environment variables')")
             return value
 
-        max_workers = env.get("EBB_MAX_WORKERS", "").strip()
+        max_workers = env.get(MAX_WORKERS_ENV, "").strip()
         if max_workers and not max_workers.isdigit():
-            raise ValueError(f"EBB_MAX_WORKERS must be a whole number, not {max_workers!r}")
-        return cls(job, round_, topic_arn=need("EBB_CONTROL_TOPIC_ARN"),
-                   supervisor_queue_url=need("EBB_SUPERVISOR_QUEUE_URL"),
-                   worker_queue_prefix=need("EBB_WORKER_QUEUE_URL_PREFIX"), scratch=scratch, sns=sns, sqs=sqs,
+            raise ValueError(f"{MAX_WORKERS_ENV} must be a whole number, not {max_workers!r}")
+        return cls(job, round_, topic_arn=need(CONTROL_TOPIC_ENV),
+                   supervisor_queue_url=need(SUPERVISOR_QUEUE_ENV),
+                   worker_queue_prefix=need(WORKER_QUEUE_PREFIX_ENV), scratch=scratch, sns=sns, sqs=sqs,
                    max_workers=int(max_workers) if max_workers else None)
 
     def __repr__(self) -> str:
@@ -303,7 +294,7 @@ class SnsSqsSignalChannel:
     # -- the wire -----------------------------------------------------------------------
     def _outgoing(self, body: str, kind: str, step: int, worker_attr: dict) -> _Outgoing:
         attributes = {"job": _string(self.job), "round": _string(str(self.round)), "kind": _string(kind),
-                      "step": _string(str(step)), "worker": worker_attr}
+                      "step": _string(str(step)), FILTER_ATTRIBUTE: worker_attr}
         size = _message_bytes(body, attributes)
         if size > MAX_MESSAGE_BYTES:
             key = f"scratch/{self.job}/r{self.round}/{kind}-{step}-{uuid.uuid4().hex}"
@@ -391,7 +382,7 @@ def _header(m: dict, attrs: dict, directive: bool) -> tuple[str, int, str, int, 
         round_ = int(attrs["round"]["StringValue"])
         kind = attrs["kind"]["StringValue"]
         step = int(attrs["step"]["StringValue"])
-        sender = None if directive else int(attrs["worker"]["StringValue"])
+        sender = None if directive else int(attrs[FILTER_ATTRIBUTE]["StringValue"])
     except (KeyError, ValueError, TypeError) as exc:
         raise MessageError(f"malformed {what} {_clip(m.get('Body', ''))}: its attributes lack job, round, kind, "
                            f"step or worker ({type(exc).__name__}: {exc})") from None

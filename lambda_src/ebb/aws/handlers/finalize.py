@@ -6,6 +6,7 @@ import time
 
 from aws_lambda_powertools import Logger
 
+from ebb.ports import deployment as names
 from ebb.aws.config import aws_config
 from ebb.aws.contract import FinalizeResult, JobRef
 from ebb.aws.jobs import Job
@@ -27,7 +28,7 @@ def handler(event: dict, context) -> dict:
     job.write_progress({"state": "finished", "status": report["status"], "step": report["steps"] - 1,
                         "round": report["rounds"] - 1, "cost_usd": report["cost"]["total_usd"],
                         "updated_at": time.time()})
-    publish_job_event(config, "job.finished", ref.job_id, {
+    publish_job_event(config, names.JOB_FINISHED, ref.job_id, {
         "status": report["status"], "steps": report["steps"], "test_metrics": report["test_metrics"],
         "cost_usd": report["cost"]["total_usd"], "report": f"{out}/{REPORT_KEY}"})
     logger.info("job finished", extra={"status": report["status"], "step": report["steps"] - 1})

@@ -1,8 +1,10 @@
 """OnFailure: a ``failed`` report saying which state failed and why, and a "job failed" event.
 
-A zip function (no numpy): it writes the report as JSON itself, keeping what the job
-had done — steps, rounds and history up to the last complete round, and the progress
-written since.
+First it sets the job's abort marker: any invocation of the job still running (a round's
+supervisor and workers, which Step Functions stops waiting for but does not stop) returns
+within seconds and writes no more progress. A zip function (no numpy): it writes the
+report as JSON itself, keeping what the job had done — steps, rounds and history up to
+the last complete round, and the progress written since.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 
 from aws_lambda_powertools import Logger
 
+from ebb.ports import deployment as names
 from ebb.aws.config import aws_config
 from ebb.aws.contract import FailureEvent, FailureResult
 from ebb.aws.jobs import Job
@@ -41,14 +44,16 @@ def handler(event: dict, context) -> dict:
     message = describe(req.failed_state, req.error.Error, req.error.Cause)
     report: dict = {"status": "failed", "error": message, "failed_state": req.failed_state}
     report_key = None
-    if req.job_id and req.spec_key:
-        job = Job.load(config, req.job_id, req.spec_key)
+    key = req.spec_key or (req.job_id and names.spec_key(req.job_id))
+    if req.job_id and Job.bucket_store(config).exists(key):  # else Validate never stored the job: nothing runs
+        job = Job.load(config, req.job_id, key)
+        job.abort(message)
         report.update(_progress_so_far(job))
         report["spec"] = job.spec.model_dump(mode="json")
         job.out.put(REPORT_KEY, json.dumps(report, indent=2, default=str).encode())
         job.write_progress({"state": "failed", "error": message, "updated_at": time.time()})
         report_key = f"{job.spec.out_location.rstrip('/')}/{REPORT_KEY}"
-    publish_job_event(config, "job.failed", req.job_id or "(not started)", {"error": message, "report": report_key})
+    publish_job_event(config, names.JOB_FAILED, req.job_id or "(not started)", {"error": message, "report": report_key})
     logger.error("job failed", extra={"failed_state": req.failed_state, "error": message})
     return FailureResult(report_key=report_key).model_dump()
 

@@ -1,4 +1,9 @@
-"""Supervisor: one round of the control loop; returns finished or unfinished."""
+"""Supervisor: one round of the control loop; returns finished or unfinished.
+
+It stops, and tells the round's workers to (the update store's abort blob), within seconds
+of the job's abort marker appearing: a state failed or the execution was stopped, and an
+invocation Step Functions no longer waits for must not train on (docs/AWS.md, "Abort").
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,17 @@ from aws_lambda_powertools.logging.utils import copy_config_to_registered_logger
 
 from ebb.aws.config import aws_config
 from ebb.aws.contract import RoundEvent, RoundResult
-from ebb.aws.jobs import Job
+from ebb.aws.deployment import ROUND_MARGIN_S
+from ebb.aws.jobs import Job, heartbeat_while
 from ebb.aws.launcher import MapLauncher
 from ebb.aws.metrics import CloudWatchSink
+from ebb.engine.clock import wall
 from ebb.engine.preflight import preflight
 from ebb.engine.supervisor import Supervisor
+from ebb.ports.keys import SUPERVISOR_SLOT
 
 logger = Logger(service="ebb-supervisor")
 copy_config_to_registered_loggers(source_logger=logger, include={"ebb"})
-ROUND_MARGIN_S = 90.0  # of the function's time: the last steps, every checkpoint, our own state
 
 
 @logger.inject_lambda_context
@@ -27,12 +34,14 @@ def handler(event: dict, context) -> dict:
     if round_seconds < ROUND_MARGIN_S / 3:
         raise RuntimeError(f"the supervisor function's timeout leaves {round_seconds:.0f} s for a round after its "
                            f"{ROUND_MARGIN_S:g} s margin: give it a longer timeout (CDK context)")
-    if req.round == 0:
-        preflight(job.spec, job.data)  # a broken dataset fails the job before anyone trains
+    updates = job.update_store()
+    if req.round == 0:  # a broken dataset fails the job before anyone trains; the workers hear us meanwhile
+        with heartbeat_while(lambda: updates.heartbeat(SUPERVISOR_SLOT, wall())):
+            preflight(job.spec, job.data)
     sink = CloudWatchSink(job)
-    supervisor = Supervisor(job.spec, data=job.data, checkpoints=job.checkpoints, updates=job.update_store(),
-                            signals=job.channel(req.round), launcher=MapLauncher(),
-                            round_=req.round, sink=sink, round_seconds=round_seconds)
+    supervisor = Supervisor(job.spec, data=job.data, checkpoints=job.checkpoints, updates=updates,
+                            signals=job.channel(req.round), launcher=MapLauncher(), round_=req.round, sink=sink,
+                            round_seconds=round_seconds, interrupted=job.abort_check())
     result = supervisor.run_round()
     sink.flush()
     logger.info("round over", extra={"step": result["steps"] - 1, "status": result["status"]})

@@ -1,13 +1,23 @@
-"""Validate: the execution's job spec → the normalised spec in S3, or a clear error."""
+"""Validate: the execution's job spec → the normalised spec in S3, or a clear error.
+
+The spec is fitted to this deployment (docs/AWS.md, "Validate"): its locations to what the
+functions may read and write, its pricing to the deployed functions, its rounds to the
+execution's history and its fleet to the account's Lambda concurrency.
+"""
 
 from __future__ import annotations
+
+import os
 
 from aws_lambda_powertools import Logger
 
 from ebb.aws.config import aws_config
 from ebb.aws.contract import ValidateEvent, ValidateResult
-from ebb.aws.jobs import Job, JobSpecError, normalise_for_aws, spec_key
+from ebb.aws.deployment import Deployment, account_settings
+from ebb.aws.jobs import Job, JobSpecError, normalise_for_aws
+from ebb.ports.deployment import spec_key
 from ebb.ports.keys import MANIFEST_KEY
+from ebb.ports.manifest import load_manifest
 from ebb.spec import SpecError, parse_spec
 from ebb.stores import open_object_store
 
@@ -19,13 +29,20 @@ def handler(event: dict, context) -> dict:
     req = ValidateEvent.model_validate(event)
     config = aws_config()
     logger.append_keys(job_id=req.execution)
+    deployment = Deployment.from_env(config.env)
     try:
-        spec = normalise_for_aws(parse_spec(req.spec, "execution input"), config, req.execution)
+        spec = deployment.priced(normalise_for_aws(parse_spec(req.spec, "execution input"), config, req.execution))
     except SpecError as exc:
         raise JobSpecError(str(exc)) from None
+    data = open_object_store(spec.data)
+    manifest = load_manifest(data, spec.data) if data.exists(MANIFEST_KEY) else None
+    deployment.check_history(spec, train_parts=manifest and len(manifest.train.parts),
+                             has_val=bool(manifest and manifest.val.parts))
+    deployment.check_concurrency(spec.workers, account_settings(), os.environ.get("AWS_REGION", "this region"))
     key = spec_key(req.execution)
     Job.bucket_store(config).put(key, spec.model_dump_json(indent=2).encode())
-    prepare = spec.prepare is not None and not open_object_store(spec.data).exists(MANIFEST_KEY)
-    logger.info("job validated", extra={"spec_key": key, "workers": spec.workers, "prepare": prepare})
+    prepare = spec.prepare is not None and manifest is None
+    logger.info("job validated", extra={"spec_key": key, "workers": spec.workers, "prepare": prepare,
+                                        "aws": spec.aws.model_dump()})
     return ValidateResult(job_id=req.execution, spec_key=key, prepare=prepare,
                           workers=list(range(spec.workers))).model_dump()
