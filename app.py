@@ -20,8 +20,14 @@ LAMBDA_SRC = ROOT / "lambda_src"
 LAYER_DIR = ROOT / "layers" / "common"
 
 
-def build_app(outdir: str | None = None, *, context: Mapping[str, Any] | None = None,
-              layer_dir: Path = LAYER_DIR, region: str | None = None, account: str | None = None) -> App:
+def build_app(
+    outdir: str | None = None,
+    *,
+    context: Mapping[str, Any] | None = None,
+    layer_dir: Path = LAYER_DIR,
+    region: str | None = None,
+    account: str | None = None,
+) -> App:
     """The app with cdk.json's context, overridden by `context` (tests) and by `-c` (the CLI).
     The stack's region and account: `region` and `account`, else the CLI's (CDK_DEFAULT_REGION,
     CDK_DEFAULT_ACCOUNT), else none (an environment-agnostic template)."""
@@ -29,10 +35,18 @@ def build_app(outdir: str | None = None, *, context: Mapping[str, Any] | None = 
     defaults = json.loads((ROOT / "cdk.json").read_text())["context"]
     app = App(outdir=outdir, context={**defaults, **(context or {})})
     settings = Settings.from_context(app.node.try_get_context)
-    env = Environment(account=account or os.environ.get("CDK_DEFAULT_ACCOUNT"),
-                      region=region or os.environ.get("CDK_DEFAULT_REGION"))
-    EbbStack(app, settings.stack_name, settings=settings, lambda_src=LAMBDA_SRC, layer_dir=layer_dir, env=env,
-             description="Ebb: sparse ML training on a shrinking fleet of Lambda workers")
+    env = Environment(
+        account=account or os.environ.get("CDK_DEFAULT_ACCOUNT"), region=region or os.environ.get("CDK_DEFAULT_REGION")
+    )
+    EbbStack(
+        app,
+        settings.stack_name,
+        settings=settings,
+        lambda_src=LAMBDA_SRC,
+        layer_dir=layer_dir,
+        env=env,
+        description="Ebb: sparse ML training on a shrinking fleet of Lambda workers",
+    )
     Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return app
 

@@ -32,19 +32,33 @@ def machine() -> dict:
     """What the figures depend on: Python, torch, cores, memory, CPU model and OS, and when."""
     import torch
 
-    cpu_model = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
-                      if line.startswith("model name")), platform.processor() or None)
-    mem_kb = next((int(line.split()[1]) for line in _read("/proc/meminfo").splitlines()
-                   if line.startswith("MemTotal:")), None)
-    return {"python": sys.version.split()[0], "torch": torch.__version__, "cpus": os.cpu_count(),
-            "memory_gib": round(mem_kb / 2**20, 1) if mem_kb else None, "cpu_model": cpu_model,
-            "platform": platform.platform(), "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    cpu_model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in _read("/proc/cpuinfo").splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor() or None,
+    )
+    mem_kb = next(
+        (int(line.split()[1]) for line in _read("/proc/meminfo").splitlines() if line.startswith("MemTotal:")), None
+    )
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "memory_gib": round(mem_kb / 2**20, 1) if mem_kb else None,
+        "cpu_model": cpu_model,
+        "platform": platform.platform(),
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
 
 
 @functools.cache
 def source_commit() -> dict:
     """``{"commit", "dirty"}`` of the checkout the bench runs from (None where git cannot say).
     ``dirty`` ignores bench/results/, which the benches themselves write."""
+
     def git(*args: str) -> str | None:
         try:
             out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
@@ -64,13 +78,18 @@ def provenance() -> dict:
     """How this result was made: command, argv, commit, machine, load (1/5/15-minute) at start and now."""
     script = Path(sys.argv[0]).resolve()
     shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
-    return {"command": shlex.join(["python", str(shown), *sys.argv[1:]]), "argv": sys.argv,
-            **source_commit(), "machine": machine(),
-            "load": {"start": list(LOAD_AT_START), "end": list(os.getloadavg())}}
+    return {
+        "command": shlex.join(["python", str(shown), *sys.argv[1:]]),
+        "argv": sys.argv,
+        **source_commit(),
+        "machine": machine(),
+        "load": {"start": list(LOAD_AT_START), "end": list(os.getloadavg())},
+    }
 
 
 def print_table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
     """Print ``rows`` with ``columns`` = [(key, header)], values formatted compactly."""
+
     def fmt(v):
         if isinstance(v, float):
             return f"{v:,.4g}" if abs(v) < 1000 else f"{v:,.0f}"

@@ -62,16 +62,21 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from _common import result_path, write_json
+from torch import nn
+
+from ebb.catalogue import CATALOGUE
 from ebb.data.format import checksum, decode_batch
 from ebb.engine.striping import PartSequence
 from ebb.ports.manifest import load_manifest
-from ebb.catalogue import CATALOGUE
 from ebb.stores.local import FolderObjectStore
-from torch import nn
 
 VARIANTS = ("dense", "dense_adam", "sparse", "sparse_sgd")
-OPTIMISERS = {"dense": "SGD(momentum=0.9, nesterov=True)", "dense_adam": "Adam", "sparse": "SparseAdam",
-              "sparse_sgd": "SGD (no momentum)"}
+OPTIMISERS = {
+    "dense": "SGD(momentum=0.9, nesterov=True)",
+    "dense_adam": "Adam",
+    "sparse": "SparseAdam",
+    "sparse_sgd": "SGD (no momentum)",
+}
 LR_OPTIMISERS = {"dense": "Adam", "sparse": "SparseAdam"}
 # Learning rates tuned on the 1M-rating synthetic set (rank 20, 6,250 per part, l2 0.05,
 # 4 and 8 workers). The mean loss gives a row a gradient of ~1/(P*B) per sample, hence
@@ -87,9 +92,12 @@ DEFAULT_LR = {"dense": 75.0, "dense_adam": 0.03, "sparse": 0.03, "sparse_sgd": 5
 # per-coordinate scaling, so the same lr serves (LR_TUNE_GRID checks it).
 LR_DEFAULT_LR = {"dense": 0.02, "sparse": 0.02}
 LR_TUNE_GRID = {"dense": [0.005, 0.01, 0.02, 0.05], "sparse": [0.005, 0.01, 0.02, 0.05]}
-TUNE_GRID = {"dense": [25.0, 50.0, 75.0, 100.0], "sparse_sgd": [25.0, 50.0, 75.0, 100.0],
-             "dense_adam": [0.01, 0.03, 0.06],
-             "sparse": [0.01, 0.03, 0.06, 0.1]}
+TUNE_GRID = {
+    "dense": [25.0, 50.0, 75.0, 100.0],
+    "sparse_sgd": [25.0, 50.0, 75.0, 100.0],
+    "dense_adam": [0.01, 0.03, 0.06],
+    "sparse": [0.01, 0.03, 0.06, 0.1],
+}
 
 
 class PMFNet(nn.Module):
@@ -153,9 +161,15 @@ def _verified_parts(objects, infos):
 
 def _load_split(objects, infos) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]:
     """Ratings parts as (user, item, rating, distinct users + distinct items)."""
-    return [(torch.from_numpy(a["user"].astype(np.int64)), torch.from_numpy(a["item"].astype(np.int64)),
-             torch.from_numpy(a["rating"].astype(np.float32)), len(np.unique(a["user"])) + len(np.unique(a["item"])))
-            for a in _verified_parts(objects, infos)]
+    return [
+        (
+            torch.from_numpy(a["user"].astype(np.int64)),
+            torch.from_numpy(a["item"].astype(np.int64)),
+            torch.from_numpy(a["rating"].astype(np.float32)),
+            len(np.unique(a["user"])) + len(np.unique(a["item"])),
+        )
+        for a in _verified_parts(objects, infos)
+    ]
 
 
 def _load_sparse(objects, infos) -> list[tuple]:
@@ -163,9 +177,15 @@ def _load_sparse(objects, infos) -> list[tuple]:
     out = []
     for a in _verified_parts(objects, infos):
         indices = torch.from_numpy(a["indices"].astype(np.int64))
-        out.append((indices, torch.from_numpy(a["indptr"][:-1].astype(np.int64)),
-                    torch.from_numpy(a["values"].astype(np.float32)), torch.from_numpy(a["label"].astype(np.float32)),
-                    torch.unique(indices)))
+        out.append(
+            (
+                indices,
+                torch.from_numpy(a["indptr"][:-1].astype(np.int64)),
+                torch.from_numpy(a["values"].astype(np.float32)),
+                torch.from_numpy(a["label"].astype(np.float32)),
+                torch.unique(indices),
+            )
+        )
     return out
 
 
@@ -258,16 +278,25 @@ def _train(r: int, P: int, cfg: dict, results) -> None:
     if is_lr:
         net = LRNet(manifest.num_features, sparse=variant != "dense")
     else:
-        net = PMFNet(manifest.num_users, manifest.num_items, rank, float(manifest.stats.get("rating_mean", 0.0)),
-                     sparse=not variant.startswith("dense"), init_std=cfg["init_std"])
+        net = PMFNet(
+            manifest.num_users,
+            manifest.num_items,
+            rank,
+            float(manifest.stats.get("rating_mean", 0.0)),
+            sparse=not variant.startswith("dense"),
+            init_std=cfg["init_std"],
+        )
     model = nn.parallel.DistributedDataParallel(net)
     params = sum(p.numel() for p in net.parameters())
     lr = cfg["lr"]
     if variant == "dense_adam":
         opt = torch.optim.Adam(net.parameters(), lr=lr)
     elif variant == "dense":
-        opt = (torch.optim.Adam(net.parameters(), lr=lr) if is_lr
-               else torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9, nesterov=True))
+        opt = (
+            torch.optim.Adam(net.parameters(), lr=lr)
+            if is_lr
+            else torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9, nesterov=True)
+        )
     elif variant == "sparse":
         opt = torch.optim.SparseAdam(list(net.parameters()), lr=lr)
     else:
@@ -542,8 +571,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-stop", action="store_true", help="keep training after the target to see the final metric")
     ap.add_argument("--tune", action="store_true", help="grid-search the lr first (short runs), then run with the best")
     ap.add_argument("--tune-epochs", type=float, default=3.0)
-    ap.add_argument("--json", help="output JSON (default bench/results/ddp_baseline/<model>-P<workers>-<variants>"
-                                   ".json)")
+    ap.add_argument(
+        "--json", help="output JSON (default bench/results/ddp_baseline/<model>-P<workers>-<variants>.json)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]

@@ -130,8 +130,22 @@ def tbf(dev: str, ns: str | None, mb_s: float | None, burst_ms: float) -> None:
         sh("tc", "qdisc", "del", "dev", dev, "root", ns=ns, check=False)
         return
     # tc's "mbps" is megaBYTES per second, "mbit" megabits: say it in bits to leave no doubt.
-    sh("tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{mb_s * 8:g}mbit",
-       "burst", str(burst_bytes(mb_s, burst_ms)), "latency", TBF_LATENCY, ns=ns)
+    sh(
+        "tc",
+        "qdisc",
+        "replace",
+        "dev",
+        dev,
+        "root",
+        "tbf",
+        "rate",
+        f"{mb_s * 8:g}mbit",
+        "burst",
+        str(burst_bytes(mb_s, burst_ms)),
+        "latency",
+        TBF_LATENCY,
+        ns=ns,
+    )
 
 
 class ShapedNet:
@@ -178,8 +192,10 @@ class ShapedNet:
         # Senders (workers, redis-server) segment for the smallest bucket any byte crosses.
         buckets = [burst_bytes(r, self.burst_ms) for r in (link_mb_s, node_mb_s) if r is not None]
         gso = segment_bytes(min(buckets)) if buckets else GSO_DEFAULT_BYTES
-        for dev, ns in [*((f"{PREFIX}-w{w}", ns_name(f"w{w}")) for w in range(self.workers)),
-                        (f"{PREFIX}-redis", ns_name("redis"))]:
+        for dev, ns in [
+            *((f"{PREFIX}-w{w}", ns_name(f"w{w}")) for w in range(self.workers)),
+            (f"{PREFIX}-redis", ns_name("redis")),
+        ]:
             sh("ip", "link", "set", "dev", dev, "gso_max_size", str(gso), ns=ns)
         self.gso_bytes = gso
 
@@ -200,8 +216,10 @@ def enter_worker_netns(worker: int) -> None:
     """The runner's ``child_setup``: worker ``worker`` goes behind its own shaped link."""
     name = ns_name(f"w{worker}")
     if not (NETNS_DIR / name).exists():
-        raise RuntimeError(f"no network namespace {name} for worker {worker}: the shaped network has "
-                           "fewer worker links than the job has workers")
+        raise RuntimeError(
+            f"no network namespace {name} for worker {worker}: the shaped network has "
+            "fewer worker links than the job has workers"
+        )
     enter_netns(name)
 
 
@@ -223,10 +241,34 @@ class RedisInNetns:
         from ebb.local.redis_server import die_with_parent, redis_binary, wait_until_ready
 
         self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", ns_name("redis"), redis_binary(), "--port", str(REDIS_PORT), "--bind", REDIS_IP,
-             "--save", "", "--appendonly", "no", "--dir", "/tmp", "--protected-mode", "yes",
-             "--requirepass", self.password, "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=die_with_parent)
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns_name("redis"),
+                redis_binary(),
+                "--port",
+                str(REDIS_PORT),
+                "--bind",
+                REDIS_IP,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                "/tmp",
+                "--protected-mode",
+                "yes",
+                "--requirepass",
+                self.password,
+                "--loglevel",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
         wait_until_ready(self.proc, redis.Redis.from_url(self.url), 10, "in its network namespace")
         return self
 
@@ -260,8 +302,14 @@ def _probe_child(url: str, worker: int, mb: int, pings: int, out) -> None:
         assert len(r.get(key)) == len(blob)
         downs.append(mb / (time.perf_counter() - t0))
     r.delete(key)
-    out.send({"rtt_ms_median": 1e3 * statistics.median(rtts), "rtt_ms_p90": 1e3 * sorted(rtts)[int(0.9 * pings)],
-              "up_mb_s": statistics.median(ups), "down_mb_s": statistics.median(downs)})
+    out.send(
+        {
+            "rtt_ms_median": 1e3 * statistics.median(rtts),
+            "rtt_ms_p90": 1e3 * sorted(rtts)[int(0.9 * pings)],
+            "up_mb_s": statistics.median(ups),
+            "down_mb_s": statistics.median(downs),
+        }
+    )
 
 
 def _sized_child(url: str, worker: int, barrier, out, refill_s: float, repeats: int = 20) -> None:
@@ -407,8 +455,20 @@ class Recorder:
     def __call__(self, report):
         from ebb.engine.fleet_clock import WorkerStep
 
-        self.reports.append(report.model_dump(include={"worker", "step", "cpu_seconds", "io_cpu_seconds",
-                                                       "sent_bytes", "read_bytes", "requests", "timing"}))
+        self.reports.append(
+            report.model_dump(
+                include={
+                    "worker",
+                    "step",
+                    "cpu_seconds",
+                    "io_cpu_seconds",
+                    "sent_bytes",
+                    "read_bytes",
+                    "requests",
+                    "timing",
+                }
+            )
+        )
         return WorkerStep.of(report)
 
 
@@ -435,7 +495,8 @@ def replay(reports: list[dict], links, slack: int) -> float:
     by_step: dict[int, dict[int, WorkerStep]] = {}
     for r in reports:
         by_step.setdefault(r["step"], {})[r["worker"]] = WorkerStep(
-            r["cpu_seconds"], r["sent_bytes"], r["read_bytes"], r["requests"], r["io_cpu_seconds"])
+            r["cpu_seconds"], r["sent_bytes"], r["read_bytes"], r["requests"], r["io_cpu_seconds"]
+        )
     timeline = FleetTimeline(links, slack)
     steps = sorted(by_step)
     timeline.launch(by_step[steps[0]])
@@ -472,15 +533,23 @@ def summarise(rows: list[dict]) -> list[dict]:
         real, fleet = statistics.mean(r["real_s"] for r in rs), statistics.mean(r["fleet_s"] for r in rs)
         errors = [r["error_pct"] for r in rs]
         sized = statistics.mean(r["fleet_s_sized_link"] for r in rs)
-        out.append({
-            "link": f"{link:g}" if link else "unshaped", "sync": sync, "steps": rs[0]["steps"], "runs": len(rs),
-            "real_s": real, "fleet_s": fleet, "error_pct": 100 * (fleet - real) / real,
-            "error_pct_range": f"{min(errors):+.0f}..{max(errors):+.0f}",
-            "fleet_s_sized": sized, "error_pct_sized": 100 * (sized - real) / real,
-            "overhead_ms_per_step": statistics.mean(r["overhead_ms_per_step"] for r in rs),
-            "job_cpu_share": statistics.mean(r["job_cpu_share"] for r in rs),
-            "barrier_first_worker_ms": statistics.mean(r["barrier_first_worker_ms"] or 0.0 for r in rs),
-        })
+        out.append(
+            {
+                "link": f"{link:g}" if link else "unshaped",
+                "sync": sync,
+                "steps": rs[0]["steps"],
+                "runs": len(rs),
+                "real_s": real,
+                "fleet_s": fleet,
+                "error_pct": 100 * (fleet - real) / real,
+                "error_pct_range": f"{min(errors):+.0f}..{max(errors):+.0f}",
+                "fleet_s_sized": sized,
+                "error_pct_sized": 100 * (sized - real) / real,
+                "overhead_ms_per_step": statistics.mean(r["overhead_ms_per_step"] for r in rs),
+                "job_cpu_share": statistics.mean(r["job_cpu_share"] for r in rs),
+                "barrier_first_worker_ms": statistics.mean(r["barrier_first_worker_ms"] or 0.0 for r in rs),
+            }
+        )
     unshaped = {c["sync"]: c["overhead_ms_per_step"] for c in out if c["link"] == "unshaped"}
     for c in out:
         if c["link"] != "unshaped" and c["sync"] in unshaped:
@@ -491,24 +560,39 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 def print_summary(summary: list[dict]) -> str:
     """The per-cell table and the verdict line (returned)."""
-    print_table(summary, [("link", "link MB/s"), ("sync", "sync"), ("steps", "steps"), ("runs", "runs"),
-                          ("real_s", "real s"), ("fleet_s", "fleet-clock s"), ("error_pct", "error %"),
-                          ("error_pct_range", "error % (runs)"), ("fleet_s_sized", "fleet s (sized link)"),
-                          ("error_pct_sized", "error % (sized link)"), ("overhead_ms_per_step", "real − fleet ms/step"),
-                          ("error_pct_calibrated", "calibrated error %"),
-                          ("job_cpu_share", "job's core share")])
+    print_table(
+        summary,
+        [
+            ("link", "link MB/s"),
+            ("sync", "sync"),
+            ("steps", "steps"),
+            ("runs", "runs"),
+            ("real_s", "real s"),
+            ("fleet_s", "fleet-clock s"),
+            ("error_pct", "error %"),
+            ("error_pct_range", "error % (runs)"),
+            ("fleet_s_sized", "fleet s (sized link)"),
+            ("error_pct_sized", "error % (sized link)"),
+            ("overhead_ms_per_step", "real − fleet ms/step"),
+            ("error_pct_calibrated", "calibrated error %"),
+            ("job_cpu_share", "job's core share"),
+        ],
+    )
     shaped = [r for r in summary if r["link"] != "unshaped"]
     sized = [abs(r["error_pct_sized"]) for r in shaped]
     nominal = [abs(r["error_pct"]) for r in shaped]
-    verdict = (f"shaped links, the clock's link measured as a step uses it (every worker moving its step's bytes "
-               f"at once): largest |error| {max(sized):.1f}% (target ≤ 15%): "
-               f"{'met' if max(sized) <= 15 else 'missed'}; "
-               f"{sum(e <= 15 for e in sized)} of {len(shaped)} cells within 15%; with the tbf rate as the link: "
-               f"largest |error| {max(nominal):.1f}%, {sum(e <= 15 for e in nominal)} within 15%")
+    verdict = (
+        f"shaped links, the clock's link measured as a step uses it (every worker moving its step's bytes "
+        f"at once): largest |error| {max(sized):.1f}% (target ≤ 15%): "
+        f"{'met' if max(sized) <= 15 else 'missed'}; "
+        f"{sum(e <= 15 for e in sized)} of {len(shaped)} cells within 15%; with the tbf rate as the link: "
+        f"largest |error| {max(nominal):.1f}%, {sum(e <= 15 for e in nominal)} within 15%"
+    )
     calibrated = [r["error_pct_calibrated"] for r in shaped if "error_pct_calibrated" in r]
     if calibrated:
-        verdict += (f"; with the unshaped run's per-step overhead added: largest |error| "
-                    f"{max(abs(e) for e in calibrated):.1f}%")
+        verdict += (
+            f"; with the unshaped run's per-step overhead added: largest |error| {max(abs(e) for e in calibrated):.1f}%"
+        )
     print(verdict)
     return verdict
 
@@ -525,8 +609,15 @@ def criteo_shaped(seed: int) -> str:
     if not (prepared / "manifest.json").exists():
         root.mkdir(parents=True, exist_ok=True)
         synth_logistic(root / "data.svm", rows=200_000, features=100_000, nnz=39, zipf=1.0, seed=seed)
-        prepare_dataset("libsvm", root / "data.svm", FolderObjectStore(prepared), batch_size=6250,
-                        test_fraction=0.1, val_fraction=0.0, seed=seed)
+        prepare_dataset(
+            "libsvm",
+            root / "data.svm",
+            FolderObjectStore(prepared),
+            batch_size=6250,
+            test_fraction=0.1,
+            val_fraction=0.0,
+            seed=seed,
+        )
     return str(prepared)
 
 
@@ -551,14 +642,29 @@ def release_probe(args, redis_url: str, link: float | None, rtt_ms: float) -> di
     data_dir, parts = barrier_dataset(args.seed)
     name = f"fleet-proof-release-{'unshaped' if link is None else f'{link:g}'}"
     shutil.rmtree(RUNS / name, ignore_errors=True)
-    spec = load_spec(overrides={
-        "name": name, "model": "pmf", "data": data_dir, "workers": args.workers, "hyper.rank": 2,
-        "sync.mode": "isp", "sync.significance": 1e12, "scaling.policy": "none", "stop.eval_every": 0,
-        "stop.max_epochs": 300 * args.workers / parts, "redis_urls": [redis_url], "out": str(RUNS / name)})
+    spec = load_spec(
+        overrides={
+            "name": name,
+            "model": "pmf",
+            "data": data_dir,
+            "workers": args.workers,
+            "hyper.rank": 2,
+            "sync.mode": "isp",
+            "sync.significance": 1e12,
+            "scaling.policy": "none",
+            "stop.eval_every": 0,
+            "stop.max_epochs": 300 * args.workers / parts,
+            "redis_urls": [redis_url],
+            "out": str(RUNS / name),
+        }
+    )
     report, _ = run_local(spec, child_setup=lambda w: worker_setup(w, priority=not args.no_priority))
     first = report["sync_overhead_ms"]["first_worker_median"]
-    return {"release_first_worker_ms": first, "release_all_workers_ms": report["sync_overhead_ms"]["median"],
-            "barrier_ms": max(0.0, first - 2 * rtt_ms)}
+    return {
+        "release_first_worker_ms": first,
+        "release_all_workers_ms": report["sync_overhead_ms"]["median"],
+        "barrier_ms": max(0.0, first - 2 * rtt_ms),
+    }
 
 
 def run_one(args, data_dir: str, redis_url: str, redis_pid: int, link: float, probe_row: dict, sync: str) -> dict:
@@ -572,23 +678,41 @@ def run_one(args, data_dir: str, redis_url: str, redis_pid: int, link: float, pr
     rtt_ms = probe_row["rtt_ms_median"]
     node = args.node_mb_s * PAYLOAD_SHARE if args.node_mb_s else NODE_UNSHAPED_MB_S
     name = f"fleet-proof-{args.model}-{sync}-{'unshaped' if link is None else f'{link:g}'}"
-    spec = load_spec(overrides={
-        "name": name, "model": args.model, "data": data_dir, "workers": args.workers,
-        **({"hyper.rank": 20} if args.model == "pmf" else {}),
-        "seed": args.seed, "scaling.policy": "none", "stop.max_epochs": epochs_for(data_dir, args.steps, args.workers),
-        "stop.eval_every": 0,
-        "stop.max_seconds": 3600.0, "redis_urls": [redis_url], "out": str(RUNS / name), **SYNCS[sync],
-        "clock.kind": "fleet", "clock.link_mb_s": link_payload, "clock.rtt_ms": rtt_ms, "clock.node_mb_s": node,
-        "clock.cold_start_s": 0.0, "clock.barrier_ms": probe_row["barrier_ms"],
-    })
-    print(f"-- {sync}, link {link or 'unshaped'} MB/s: clock link {link_payload:.1f} MB/s, rtt {rtt_ms:.3f} ms, "
-          f"barrier {probe_row['barrier_ms']:.2f} ms", flush=True)
+    spec = load_spec(
+        overrides={
+            "name": name,
+            "model": args.model,
+            "data": data_dir,
+            "workers": args.workers,
+            **({"hyper.rank": 20} if args.model == "pmf" else {}),
+            "seed": args.seed,
+            "scaling.policy": "none",
+            "stop.max_epochs": epochs_for(data_dir, args.steps, args.workers),
+            "stop.eval_every": 0,
+            "stop.max_seconds": 3600.0,
+            "redis_urls": [redis_url],
+            "out": str(RUNS / name),
+            **SYNCS[sync],
+            "clock.kind": "fleet",
+            "clock.link_mb_s": link_payload,
+            "clock.rtt_ms": rtt_ms,
+            "clock.node_mb_s": node,
+            "clock.cold_start_s": 0.0,
+            "clock.barrier_ms": probe_row["barrier_ms"],
+        }
+    )
+    print(
+        f"-- {sync}, link {link or 'unshaped'} MB/s: clock link {link_payload:.1f} MB/s, rtt {rtt_ms:.3f} ms, "
+        f"barrier {probe_row['barrier_ms']:.2f} ms",
+        flush=True,
+    )
     shutil.rmtree(RUNS / name, ignore_errors=True)  # a benchmark's scratch output: each run starts clean
     recorder = Recorder()
     idle0, total0 = cpu_times()
     sup0, redis0, t0 = process_cpu(), process_cpu(redis_pid), time.perf_counter()
-    report, _ = run_local(spec, measure_of=recorder,
-                          child_setup=lambda w: worker_setup(w, priority=not args.no_priority))
+    report, _ = run_local(
+        spec, measure_of=recorder, child_setup=lambda w: worker_setup(w, priority=not args.no_priority)
+    )
     sup_cpu, redis_cpu = process_cpu() - sup0, process_cpu(redis_pid) - redis0
     whole = time.perf_counter() - t0
     idle1, total1 = cpu_times()
@@ -603,40 +727,57 @@ def run_one(args, data_dir: str, redis_url: str, redis_pid: int, link: float, pr
     per_step = len(hist) - 1
     totals = report["totals"]
     return {
-        "link_mb_s": link, "sync": sync, "steps": report["steps"], "status": report["status"],
-        "real_s": real, "fleet_s": fleet, "error_pct": 100 * (fleet - real) / real,
+        "link_mb_s": link,
+        "sync": sync,
+        "steps": report["steps"],
+        "status": report["status"],
+        "real_s": real,
+        "fleet_s": fleet,
+        "error_pct": 100 * (fleet - real) / real,
         "overhead_ms_per_step": 1e3 * (real - fleet) / (len(hist) - 1),
-        "whole_run_real_s": report["host_seconds"], "whole_run_fleet_s": report["wall_seconds"],
-        "clock_link_mb_s": link_payload, "clock_rtt_ms": rtt_ms, "clock_node_mb_s": node,
-        "cpu_idle_pct": 100 * (idle1 - idle0) / (total1 - total0), "loadavg_1m": os.getloadavg()[0],
+        "whole_run_real_s": report["host_seconds"],
+        "whole_run_fleet_s": report["wall_seconds"],
+        "clock_link_mb_s": link_payload,
+        "clock_rtt_ms": rtt_ms,
+        "clock_node_mb_s": node,
+        "cpu_idle_pct": 100 * (idle1 - idle0) / (total1 - total0),
+        "loadavg_1m": os.getloadavg()[0],
         "cpu_ms_critical_per_step": 1e3 * totals["cpu_critical_seconds"] / report["steps"],
-        "mb_per_worker_step": (totals["bytes_sent"] + totals["bytes_received"]) / 1e6 / (report["steps"] *
-                                                                                         args.workers),
-        "ms_per_step_real": 1e3 * real / per_step, "ms_per_step_fleet": 1e3 * fleet / per_step,
+        "mb_per_worker_step": (totals["bytes_sent"] + totals["bytes_received"])
+        / 1e6
+        / (report["steps"] * args.workers),
+        "ms_per_step_real": 1e3 * real / per_step,
+        "ms_per_step_fleet": 1e3 * fleet / per_step,
         # The same reports with the probe's measured throughput as the link (it holds the
         # client's CPU for those bytes, which cpu_seconds counts too): the other way to set it.
-        "fleet_s_measured_link": replay(recorder.reports, Links(measured_link, rtt_ms, node, 0.0,
-                                                                probe_row["barrier_ms"]), slack),
+        "fleet_s_measured_link": replay(
+            recorder.reports, Links(measured_link, rtt_ms, node, 0.0, probe_row["barrier_ms"]), slack
+        ),
         # The link as a step uses it: the concurrent probe's rate for transfers of the run's
         # sizes, time-weighted (sized_link). Unshaped too: there the bound is the one redis-server serving every
         # worker at once (a cache node's CPU, which a fleet's node has as well).
         "transfer_kb": transfer / 1e3,
         "clock_link_sized_mb_s": link_sized,
-        "fleet_s_sized_link": replay(recorder.reports, Links(link_sized, rtt_ms, node, 0.0, probe_row["barrier_ms"]),
-                                     slack),
+        "fleet_s_sized_link": replay(
+            recorder.reports, Links(link_sized, rtt_ms, node, 0.0, probe_row["barrier_ms"]), slack
+        ),
         # Where a worker's real step went (median ms per phase over its reports): the wall
         # time the fleet clock is to explain.
         "phase_ms_median": phase_ms(recorder.reports, statistics.median),
         "phase_ms_mean": phase_ms(recorder.reports),
         # What this job asked of the machine's 2 cores during the run: workers (their
         # reported CPU), the supervisor and redis-server. Near 1, the job queues on itself.
-        "supervisor_cpu_s": sup_cpu, "redis_cpu_s": redis_cpu,
+        "supervisor_cpu_s": sup_cpu,
+        "redis_cpu_s": redis_cpu,
         "job_cpu_share": (totals["cpu_seconds"] + sup_cpu + redis_cpu) / ((os.cpu_count() or 1) * whole),
         "io_cpu_ms_per_mb": io_cpu_ms_per_mb(recorder.reports),
         # The same reports with the I/O CPU added to the wire time instead of overlapping it
         # (the clock before it measured io_cpu_seconds): what the overlap changes.
-        "fleet_s_no_overlap": replay([{**r, "io_cpu_seconds": 0.0} for r in recorder.reports],
-                                     Links(link_payload, rtt_ms, node, 0.0, probe_row["barrier_ms"]), slack),
+        "fleet_s_no_overlap": replay(
+            [{**r, "io_cpu_seconds": 0.0} for r in recorder.reports],
+            Links(link_payload, rtt_ms, node, 0.0, probe_row["barrier_ms"]),
+            slack,
+        ),
         "clock_barrier_ms": probe_row["barrier_ms"],
         "final_train_rmse": report["final_loss"],
         "unshaped": link is None,
@@ -652,18 +793,32 @@ def main(argv=None) -> None:
     ap.add_argument("--summarise", metavar="JSON", help="re-summarise an earlier run's JSON (rewrites its summary)")
     ap.add_argument("--probe", action="store_true", help="only build the network and measure each link rate")
     ap.add_argument("--links", default="25,75,200", help="per-worker link rates, MB/s (comma-separated)")
-    ap.add_argument("--unshaped", action="store_true",
-                    help="also run on unshaped links: what is left of the error is the host's, not the network's")
-    ap.add_argument("--node-mb-s", type=float, default=None,
-                    help="shape the Redis node's link too, MB/s (default: unshaped; its measured rate goes "
-                         "into the clock)")
-    ap.add_argument("--burst-ms", type=float, default=BURST_MS,
-                    help=f"tbf bucket size as milliseconds of the rate (default {BURST_MS:g})")
+    ap.add_argument(
+        "--unshaped",
+        action="store_true",
+        help="also run on unshaped links: what is left of the error is the host's, not the network's",
+    )
+    ap.add_argument(
+        "--node-mb-s",
+        type=float,
+        default=None,
+        help="shape the Redis node's link too, MB/s (default: unshaped; its measured rate goes into the clock)",
+    )
+    ap.add_argument(
+        "--burst-ms",
+        type=float,
+        default=BURST_MS,
+        help=f"tbf bucket size as milliseconds of the rate (default {BURST_MS:g})",
+    )
     ap.add_argument("--workers", type=int, default=2, help="worker processes (default 2: as many as cores)")
     ap.add_argument("--syncs", default="bsp,isp,ssp", help="sync models to run (bsp, isp, ssp)")
     ap.add_argument("--shape", default="quick", help="bench/sync.py's PMF data shape (default quick: 1M ratings)")
-    ap.add_argument("--model", choices=["pmf", "sparse_lr"], default="pmf",
-                    help="pmf (bench/sync.py's planted ratings) | sparse_lr (a Criteo-shaped generated set)")
+    ap.add_argument(
+        "--model",
+        choices=["pmf", "sparse_lr"],
+        default="pmf",
+        help="pmf (bench/sync.py's planted ratings) | sparse_lr (a Criteo-shaped generated set)",
+    )
     ap.add_argument("--steps", type=int, default=288, help="fixed length of every run, steps (default 288)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=2, help="run the whole matrix this many times (default 2)")
@@ -702,18 +857,34 @@ def main(argv=None) -> None:
         probes = []
         for link in [None, *parse_rates(args.links)]:
             net.shape(link, args.node_mb_s)
-            row = {"link_mb_s": link, "burst_bytes": link and burst_bytes(link, args.burst_ms),
-                   "gso_max_bytes": net.gso_bytes, **probe(redis_srv.url),
-                   "sized_mb_s": sized_probe(redis_srv.url, args.workers, refill_s=2e-3 * args.burst_ms)}
+            row = {
+                "link_mb_s": link,
+                "burst_bytes": link and burst_bytes(link, args.burst_ms),
+                "gso_max_bytes": net.gso_bytes,
+                **probe(redis_srv.url),
+                "sized_mb_s": sized_probe(redis_srv.url, args.workers, refill_s=2e-3 * args.burst_ms),
+            }
             if not args.probe:
                 row.update(release_probe(args, redis_srv.url, link, row["rtt_ms_median"]))
             probes.append(row)
-        print_table(probes, [("link_mb_s", "tbf MB/s"), ("up_mb_s", "SET MB/s"), ("down_mb_s", "GET MB/s"),
-                             ("rtt_ms_median", "PING ms"), ("rtt_ms_p90", "PING p90 ms"),
-                             ("release_first_worker_ms", "release ms (first go)"), ("barrier_ms", "clock barrier ms")])
+        print_table(
+            probes,
+            [
+                ("link_mb_s", "tbf MB/s"),
+                ("up_mb_s", "SET MB/s"),
+                ("down_mb_s", "GET MB/s"),
+                ("rtt_ms_median", "PING ms"),
+                ("rtt_ms_p90", "PING p90 ms"),
+                ("release_first_worker_ms", "release ms (first go)"),
+                ("barrier_ms", "clock barrier ms"),
+            ],
+        )
         if args.probe:
-            write_json(result_path("fleet_proof", f"{args.model}-probe"), {"burst_ms": args.burst_ms, "links": probes},
-                       args.json)
+            write_json(
+                result_path("fleet_proof", f"{args.model}-probe"),
+                {"burst_ms": args.burst_ms, "links": probes},
+                args.json,
+            )
             return
         rows = []
         for repeat in range(args.repeats):  # interleaved: a drift in the machine's load hits every cell alike
@@ -721,36 +892,71 @@ def main(argv=None) -> None:
                 link = probe_row["link_mb_s"]
                 net.shape(link, args.node_mb_s)
                 for sync in args.syncs.split(","):
-                    rows.append({"repeat": repeat, **run_one(args, data_dir, redis_srv.url, redis_srv.proc.pid,
-                                                             link, probe_row, sync)})
+                    rows.append(
+                        {
+                            "repeat": repeat,
+                            **run_one(args, data_dir, redis_srv.url, redis_srv.proc.pid, link, probe_row, sync),
+                        }
+                    )
                     r = rows[-1]
-                    print(f"   {r['steps']} steps: real {r['real_s']:.2f} s, fleet clock {r['fleet_s']:.2f} s "
-                          f"({r['error_pct']:+.1f}%), CPU idle {r['cpu_idle_pct']:.0f}%, the job's share of the "
-                          f"cores {r['job_cpu_share']:.2f}", flush=True)
+                    print(
+                        f"   {r['steps']} steps: real {r['real_s']:.2f} s, fleet clock {r['fleet_s']:.2f} s "
+                        f"({r['error_pct']:+.1f}%), CPU idle {r['cpu_idle_pct']:.0f}%, the job's share of the "
+                        f"cores {r['job_cpu_share']:.2f}",
+                        flush=True,
+                    )
     finally:
         redis_srv.stop()
         net.down()
     print()
-    print_table(rows, [("repeat", "#"), ("link_mb_s", "link MB/s"), ("sync", "sync"), ("steps", "steps"),
-                       ("real_s", "real s"),
-                       ("fleet_s", "fleet-clock s"), ("error_pct", "error %"),
-                       ("fleet_s_no_overlap", "no-overlap s"), ("fleet_s_sized_link", "fleet s (sized link)"),
-                       ("fleet_s_measured_link", "fleet s (probe link)"), ("ms_per_step_real", "real ms/step"),
-                       ("cpu_ms_critical_per_step", "busiest CPU ms/step"), ("mb_per_worker_step", "MB/worker/step"),
-                       ("cpu_idle_pct", "CPU idle %"), ("job_cpu_share", "job's core share")])
+    print_table(
+        rows,
+        [
+            ("repeat", "#"),
+            ("link_mb_s", "link MB/s"),
+            ("sync", "sync"),
+            ("steps", "steps"),
+            ("real_s", "real s"),
+            ("fleet_s", "fleet-clock s"),
+            ("error_pct", "error %"),
+            ("fleet_s_no_overlap", "no-overlap s"),
+            ("fleet_s_sized_link", "fleet s (sized link)"),
+            ("fleet_s_measured_link", "fleet s (probe link)"),
+            ("ms_per_step_real", "real ms/step"),
+            ("cpu_ms_critical_per_step", "busiest CPU ms/step"),
+            ("mb_per_worker_step", "MB/worker/step"),
+            ("cpu_idle_pct", "CPU idle %"),
+            ("job_cpu_share", "job's core share"),
+        ],
+    )
     summary = summarise(rows)
     print()
     verdict = print_summary(summary)
     worst = max(abs(r["error_pct_sized"]) for r in summary if r["link"] != "unshaped")
     node = f"-node{args.node_mb_s:g}" if args.node_mb_s else ""
-    write_json(result_path("fleet_proof", f"{args.model}{node}"), {
-        "method": {"model": args.model, "shape": args.shape if args.model == "pmf" else "criteo-shaped",
-                   "workers": args.workers, "steps": args.steps, "burst_ms": args.burst_ms,
-                   "node_mb_s": args.node_mb_s, "payload_share": PAYLOAD_SHARE, "priority": not args.no_priority,
-                   "real": "host seconds from the first closed step to the last (history[].host_time)",
-                   "fleet": "fleet-clock seconds over the same steps of the same run (history[].time)"},
-        "probes": probes, "summary": summary, "rows": rows, "verdict": verdict, "max_abs_error_pct": worst,
-    }, args.json)
+    write_json(
+        result_path("fleet_proof", f"{args.model}{node}"),
+        {
+            "method": {
+                "model": args.model,
+                "shape": args.shape if args.model == "pmf" else "criteo-shaped",
+                "workers": args.workers,
+                "steps": args.steps,
+                "burst_ms": args.burst_ms,
+                "node_mb_s": args.node_mb_s,
+                "payload_share": PAYLOAD_SHARE,
+                "priority": not args.no_priority,
+                "real": "host seconds from the first closed step to the last (history[].host_time)",
+                "fleet": "fleet-clock seconds over the same steps of the same run (history[].time)",
+            },
+            "probes": probes,
+            "summary": summary,
+            "rows": rows,
+            "verdict": verdict,
+            "max_abs_error_pct": worst,
+        },
+        args.json,
+    )
 
 
 if __name__ == "__main__":

@@ -43,9 +43,14 @@ def ratings_batches(n_batches, users=70_000, items=10_000, seed=0):
     rng = np.random.default_rng(seed)
     pu = 1 / np.arange(1, users + 1) ** 0.6
     pi = 1 / np.arange(1, items + 1) ** 0.8
-    return [{"user": rng.choice(users, B, p=pu / pu.sum()).astype(np.int32),
-             "item": rng.choice(items, B, p=pi / pi.sum()).astype(np.int32),
-             "rating": rng.uniform(1, 5, B).astype(np.float32)} for _ in range(n_batches)]
+    return [
+        {
+            "user": rng.choice(users, B, p=pu / pu.sum()).astype(np.int32),
+            "item": rng.choice(items, B, p=pi / pi.sum()).astype(np.int32),
+            "rating": rng.uniform(1, 5, B).astype(np.float32),
+        }
+        for _ in range(n_batches)
+    ]
 
 
 def sparse_batches(n_batches, features=100_000, nnz=39, seed=0):
@@ -53,21 +58,29 @@ def sparse_batches(n_batches, features=100_000, nnz=39, seed=0):
     out = []
     for _ in range(n_batches):
         indices = rng.integers(0, features, B * nnz).astype(np.int32)
-        out.append({"label": (rng.random(B) < 0.25).astype(np.float32),
-                    "indptr": np.arange(0, B * nnz + 1, nnz, dtype=np.int64), "indices": indices,
-                    "values": rng.random(B * nnz).astype(np.float32)})
+        out.append(
+            {
+                "label": (rng.random(B) < 0.25).astype(np.float32),
+                "indptr": np.arange(0, B * nnz + 1, nnz, dtype=np.int64),
+                "indices": indices,
+                "values": rng.random(B * nnz).astype(np.float32),
+            }
+        )
     return out
 
 
 def dense_batches(n_batches, features=100, seed=0):
     rng = np.random.default_rng(seed)
-    return [{"label": (rng.random(B) < 0.4).astype(np.float32), "x": rng.random((B, features)).astype(np.float32)}
-            for _ in range(n_batches)]
+    return [
+        {"label": (rng.random(B) < 0.4).astype(np.float32), "x": rng.random((B, features)).astype(np.float32)}
+        for _ in range(n_batches)
+    ]
 
 
 # ---- Ebb: the engine's own step (local update + apply) --------------------------------
 def ebb_step(model, kernels: bool = True):
     """The model's step; with ``kernels=False`` its torch path, as with EBB_NATIVE=0."""
+
     def run(batches):
         for b in batches:
             _, _, upd = model.local_update(b)
@@ -96,16 +109,24 @@ def bare_pmf(users, items, rank, lr=0.02, mom=0.9, lam=0.05, mu=3.0):
             Ur, Vr = U.index_select(0, b.users), V.index_select(0, b.items)
             bur, bir = bu.index_select(0, b.users), bi.index_select(0, b.items)
             Uk, Vk = Ur.index_select(0, b.user_of), Vr.index_select(0, b.item_of)
-            err = ((Uk * Vk).sum(1) + bur.index_select(0, b.user_of)[:, 0] + bir.index_select(0, b.item_of)[:, 0]
-                   + mu - b.rating).unsqueeze(1)
-            grads = [torch.zeros_like(Ur).index_add_(0, b.user_of, err * Vk) / b.user_count + lam * Ur,
-                     torch.zeros_like(Vr).index_add_(0, b.item_of, err * Uk) / b.item_count + lam * Vr,
-                     torch.zeros_like(bur).index_add_(0, b.user_of, err) / b.user_count + lam * bur,
-                     torch.zeros_like(bir).index_add_(0, b.item_of, err) / b.item_count + lam * bir]
+            err = (
+                (Uk * Vk).sum(1)
+                + bur.index_select(0, b.user_of)[:, 0]
+                + bir.index_select(0, b.item_of)[:, 0]
+                + mu
+                - b.rating
+            ).unsqueeze(1)
+            grads = [
+                torch.zeros_like(Ur).index_add_(0, b.user_of, err * Vk) / b.user_count + lam * Ur,
+                torch.zeros_like(Vr).index_add_(0, b.item_of, err * Uk) / b.item_count + lam * Vr,
+                torch.zeros_like(bur).index_add_(0, b.user_of, err) / b.user_count + lam * bur,
+                torch.zeros_like(bir).index_add_(0, b.item_of, err) / b.item_count + lam * bir,
+            ]
             for p, buf, grad, rows in zip(params, bufs, grads, (b.users, b.items, b.users, b.items)):
                 m = buf.index_select(0, rows) * mom + grad
                 buf.index_copy_(0, rows, m)
                 p.index_add_(0, rows, (grad + mom * m) * -lr)
+
     return run
 
 
@@ -218,8 +239,16 @@ def main(argv=None):
         "lr", {"ebb": (ebb_step(ebb), batches), "bare torch": (bare_adam_lr(100, False), batches)}, n * B, repeats
     )
 
-    print_table(rows, [("model", "model"), ("impl", "implementation"), ("samples_per_s", "samples/s (median)"),
-                       ("spread", "p10-p90 samples/s"), ("vs_bare", "× bare torch")])
+    print_table(
+        rows,
+        [
+            ("model", "model"),
+            ("impl", "implementation"),
+            ("samples_per_s", "samples/s (median)"),
+            ("spread", "p10-p90 samples/s"),
+            ("vs_bare", "× bare torch"),
+        ],
+    )
     ratio = {(r["model"], r["impl"]): r["vs_bare"] for r in rows}
     pmf_speed = next(r["samples_per_s"] for r in rows if r["model"] == "pmf" and r["impl"] == "ebb")
     verdict = {
@@ -239,8 +268,15 @@ def main(argv=None):
         f"The kernel against Ebb's own torch path: PMF {verdict['pmf_kernel_vs_torch_path']:.2f}×, "
         f"sparse LR {verdict['sparse_lr_kernel_vs_torch_path']:.2f}×."
     )
-    payload = {"batch_size": B, "repeats": repeats, "batches": n, "order": "ABBA",
-               "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "rows": rows, "verdict": verdict}
+    payload = {
+        "batch_size": B,
+        "repeats": repeats,
+        "batches": n,
+        "order": "ABBA",
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "rows": rows,
+        "verdict": verdict,
+    }
     write_json(result_path("kernels", "models-quick" if args.quick else "models"), payload, args.json)
 
 
@@ -262,9 +298,16 @@ def run_side_by_side(model, contenders, samples, repeats):
     out = []
     for name, s in speeds.items():
         deciles = statistics.quantiles(s, n=10)
-        out.append({"model": model, "impl": name, "samples_per_s": statistics.median(s),
-                    "spread": f"{deciles[0]:,.0f}-{deciles[-1]:,.0f}", "vs_bare": statistics.median(s) / bare,
-                    "runs": s})
+        out.append(
+            {
+                "model": model,
+                "impl": name,
+                "samples_per_s": statistics.median(s),
+                "spread": f"{deciles[0]:,.0f}-{deciles[-1]:,.0f}",
+                "vs_bare": statistics.median(s) / bare,
+                "runs": s,
+            }
+        )
     return out
 
 

@@ -53,8 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_table, provenance, result_path, write_json  # noqa: E402
 
-from ebb.ports.keys import MANIFEST_KEY  # noqa: E402
-from ebb.ports.manifest import Manifest, SplitInfo  # noqa: E402
+from ebb.catalogue import CATALOGUE  # noqa: E402
 from ebb.data.prepare import FORMAT_KINDS, iter_parts, prepare_dataset, take_rows  # noqa: E402
 from ebb.data.synth import (  # noqa: E402
     bayes_logloss_on,
@@ -64,7 +63,8 @@ from ebb.data.synth import (  # noqa: E402
     synth_shaped_ratings,
 )
 from ebb.engine.cadence import one_worker_epoch  # noqa: E402
-from ebb.catalogue import CATALOGUE  # noqa: E402
+from ebb.ports.keys import MANIFEST_KEY  # noqa: E402
+from ebb.ports.manifest import Manifest, SplitInfo  # noqa: E402
 from ebb.spec import parse_spec  # noqa: E402
 from ebb.stores.local import FolderObjectStore  # noqa: E402
 
@@ -513,8 +513,9 @@ def main(argv=None):
         "--candidate-model", default="pmf", choices=["pmf", "sparse_lr"], help="which model the candidates are for"
     )
     ap.add_argument("--runs", type=Path, help=f"where the jobs' folders go (default {RUNS}): one per concurrent bench")
-    ap.add_argument("--json", help="output JSON (default bench/results/quality/quick.json or full.json; "
-                    "with --merge: merged.json)")
+    ap.add_argument(
+        "--json", help="output JSON (default bench/results/quality/quick.json or full.json; with --merge: merged.json)"
+    )
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="only merge these results files into --json")
     args = ap.parse_args(argv)
     if args.merge:
@@ -548,9 +549,7 @@ def main(argv=None):
             arms = {"default": scored(data, workers, {}, cap, f"{tag}/default")}
             for k, hyper in enumerate(candidates):
                 if args.candidate_model == model:
-                    arms[f"candidate{k}"] = scored(
-                        data, workers, hyper, cap, f"{tag}/candidate{k}"
-                    )
+                    arms[f"candidate{k}"] = scored(data, workers, hyper, cap, f"{tag}/candidate{k}")
             if not args.no_tune:
                 arms["tuned"] = tune_ebb(data, workers, (QUICK_GRIDS if args.quick else GRIDS)[model], cap)
             for arm, r in arms.items():

@@ -68,30 +68,52 @@ def run(name: str, probe: dict, runs: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     job = {
-        "name": f"probe-{name}", "model": data["model"], "data": str(data["val_view"]), "out": str(out), "seed": 0,
-        "workers": probe["workers"], "hyper": {"lr": probe["lr"]} if "lr" in probe else {},
-        "sync": {"mode": probe.get("mode", "isp"), "quantize": probe.get("quantize", True),
-                 "significance": probe.get("significance", 0.7)},
-        "scaling": {"policy": "none"}, "stop": {"max_epochs": probe["epochs"], "max_seconds": 7200},
+        "name": f"probe-{name}",
+        "model": data["model"],
+        "data": str(data["val_view"]),
+        "out": str(out),
+        "seed": 0,
+        "workers": probe["workers"],
+        "hyper": {"lr": probe["lr"]} if "lr" in probe else {},
+        "sync": {
+            "mode": probe.get("mode", "isp"),
+            "quantize": probe.get("quantize", True),
+            "significance": probe.get("significance", 0.7),
+        },
+        "scaling": {"policy": "none"},
+        "stop": {"max_epochs": probe["epochs"], "max_seconds": 7200},
     }
     if "sync.combine" in probe:
         job["sync"]["combine"] = probe["sync.combine"]
     per_epoch = max(1, round(parts / probe["workers"]))
-    job["stop"]["eval_every"] = per_epoch if probe.get("eval") == "epoch" else one_worker_epoch(
-        parse_spec(job, "probe"), parts)
+    job["stop"]["eval_every"] = (
+        per_epoch if probe.get("eval") == "epoch" else one_worker_epoch(parse_spec(job, "probe"), parts)
+    )
     (out / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lambda_src"), str(ROOT)])}
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "ebb.cli", "train", str(out / "job.yaml")], capture_output=True,
-                          text=True, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ebb.cli", "train", str(out / "job.yaml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     (out / "stderr.txt").write_text(proc.stderr)
     report = json.loads((out / "report.json").read_text())
     curve = [(h["epoch"], round(h["test"], 4)) for h in report["history"] if "test" in h]
     best = min(curve, key=lambda c: c[1]) if curve else None
     stop = quality.early_stopped([{"epoch": e, "value": v, "step": 0} for e, v in curve])
-    return {"probe": name, **probe, "status": report["status"], "best_val": best,
-            "early_stopping_keeps": [stop[0]["epoch"], stop[0]["value"]] if stop[0] else None,
-            "early_stopping_stops_at": stop[1], "curve": curve, "wall_s": round(time.perf_counter() - started)}
+    return {
+        "probe": name,
+        **probe,
+        "status": report["status"],
+        "best_val": best,
+        "early_stopping_keeps": [stop[0]["epoch"], stop[0]["value"]] if stop[0] else None,
+        "early_stopping_stops_at": stop[1],
+        "curve": curve,
+        "wall_s": round(time.perf_counter() - started),
+    }
 
 
 def main(argv=None):

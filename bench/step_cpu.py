@@ -41,10 +41,10 @@ from sync import dataset  # noqa: E402
 
 from ebb.engine.aggregate import RowMean  # noqa: E402
 from ebb.engine.isp import SignificanceFilter  # noqa: E402
-from ebb.engine.striping import PartSequence  # noqa: E402
 from ebb.engine.parts import PartCache  # noqa: E402
-from ebb.ports.manifest import load_manifest  # noqa: E402
+from ebb.engine.striping import PartSequence  # noqa: E402
 from ebb.models import build_model  # noqa: E402
+from ebb.ports.manifest import load_manifest  # noqa: E402
 from ebb.sparse import RowUpdate  # noqa: E402
 from ebb.spec import load_spec  # noqa: E402
 from ebb.stores.local import FolderObjectStore  # noqa: E402
@@ -52,16 +52,27 @@ from ebb.stores.local import FolderObjectStore  # noqa: E402
 try:
     from ebb.native import available as native_available
 except ImportError:  # a --before tree from before the compiled kernels
+
     def native_available() -> bool:
         return False
+
 
 PHASES = ("compute", "filter", "encode", "decode", "apply")
 
 
 def run_mode(data_dir: str, mode: str, workers: int, steps: int, v: float, seed: int) -> dict:
     """Train ``steps`` steps of ``workers`` simulated workers; CPU seconds by phase (all workers)."""
-    spec = load_spec(overrides={"model": "pmf", "data": data_dir, "workers": workers, "hyper.rank": 20,
-                                "sync.mode": mode, "sync.significance": v, "seed": seed})
+    spec = load_spec(
+        overrides={
+            "model": "pmf",
+            "data": data_dir,
+            "workers": workers,
+            "hyper.rank": 20,
+            "sync.mode": mode,
+            "sync.significance": v,
+            "seed": seed,
+        }
+    )
     objects = FolderObjectStore(data_dir)
     manifest = load_manifest(objects)
     models = [build_model("pmf", manifest, spec.hyper, seed) for _ in range(workers)]
@@ -97,9 +108,14 @@ def run_mode(data_dir: str, mode: str, workers: int, steps: int, v: float, seed:
             mean.apply(model.params, contributions)
             lap("apply", t0)
     per = {k: 1000 * s / (steps * workers) for k, s in cpu.items()}
-    return {"mode": mode, **{f"{k}_ms": val for k, val in per.items()}, "total_ms": sum(per.values()),
-            "kb_sent_per_worker_step": sent / 1e3 / (steps * workers), "native_kernels": native_available(),
-            "replica_checksum": float(sum(p.double().sum() for p in models[0].params.values()))}
+    return {
+        "mode": mode,
+        **{f"{k}_ms": val for k, val in per.items()},
+        "total_ms": sum(per.values()),
+        "kb_sent_per_worker_step": sent / 1e3 / (steps * workers),
+        "native_kernels": native_available(),
+        "replica_checksum": float(sum(p.double().sum() for p in models[0].params.values())),
+    }
 
 
 def main(argv=None):
@@ -111,11 +127,16 @@ def main(argv=None):
     ap.add_argument("--isp-v", type=float, default=0.7)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--label", default="", help="a tag stored with the results (e.g. before/after)")
-    ap.add_argument("--json", help="output JSON (default bench/results/step_cpu/<shape>-P<workers>"
-                                   "[-native-vs-numpy|-vs-before].json)")
+    ap.add_argument(
+        "--json",
+        help="output JSON (default bench/results/step_cpu/<shape>-P<workers>[-native-vs-numpy|-vs-before].json)",
+    )
     ap.add_argument("--before", metavar="DIR", help="also replay the engine of this lambda_src tree, interleaved")
-    ap.add_argument("--native-vs-numpy", action="store_true",
-                    help="replay this engine with its compiled kernels and without (EBB_NATIVE=0), interleaved")
+    ap.add_argument(
+        "--native-vs-numpy",
+        action="store_true",
+        help="replay this engine with its compiled kernels and without (EBB_NATIVE=0), interleaved",
+    )
     ap.add_argument("--one", choices=("bsp", "isp"), help=argparse.SUPPRESS)  # a subprocess's single run
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # a worker is one process on one core, as in a real run
@@ -142,29 +163,65 @@ def main(argv=None):
             runs[code, mode].append(result)
     rows = []
     for (code, mode), rs in runs.items():
-        row = {k: rs[0][k] if isinstance(rs[0][k], bool) else statistics.median(r[k] for r in rs)
-               for k in rs[0] if k != "mode"}
+        row = {
+            k: rs[0][k] if isinstance(rs[0][k], bool) else statistics.median(r[k] for r in rs)
+            for k in rs[0]
+            if k != "mode"
+        }
         rows.append({**({"code": code} if code else {}), "mode": mode, **row})
-    print_table(rows, [*([("code", "code")] if len(trees) > 1 else []), ("mode", "sync"),
-                       *((f"{p}_ms", f"{p} ms") for p in PHASES), ("total_ms", "CPU ms/worker-step"),
-                       ("kb_sent_per_worker_step", "KB sent")])
+    print_table(
+        rows,
+        [
+            *([("code", "code")] if len(trees) > 1 else []),
+            ("mode", "sync"),
+            *((f"{p}_ms", f"{p} ms") for p in PHASES),
+            ("total_ms", "CPU ms/worker-step"),
+            ("kb_sent_per_worker_step", "KB sent"),
+        ],
+    )
     ratios = {}
     for code in trees:
         bsp, isp = (next(r for r in rows if r.get("code", "") == code and r["mode"] == m) for m in ("bsp", "isp"))
         ratios[code or "isp_over_bsp"] = isp["total_ms"] / bsp["total_ms"]
-        print(f"\n{code + ': ' if code else ''}ISP/BSP CPU per worker-step at {args.workers} workers: "
-              f"{ratios[code or 'isp_over_bsp']:.3f}× (target ≤ 1.15)")
+        print(
+            f"\n{code + ': ' if code else ''}ISP/BSP CPU per worker-step at {args.workers} workers: "
+            f"{ratios[code or 'isp_over_bsp']:.3f}× (target ≤ 1.15)"
+        )
     versus = "-native-vs-numpy" if args.native_vs_numpy else "-vs-before" if args.before else ""
-    write_json(result_path("step_cpu", f"{shape}-P{args.workers}{versus}"),
-               {"shape": shape, "workers": args.workers, "steps": steps, "repeats": args.repeats,
-                "isp_v": args.isp_v, "label": args.label, "before": args.before, "rows": rows,
-                **({"isp_over_bsp": ratios} if len(trees) > 1 else ratios)}, args.json)
+    write_json(
+        result_path("step_cpu", f"{shape}-P{args.workers}{versus}"),
+        {
+            "shape": shape,
+            "workers": args.workers,
+            "steps": steps,
+            "repeats": args.repeats,
+            "isp_v": args.isp_v,
+            "label": args.label,
+            "before": args.before,
+            "rows": rows,
+            **({"isp_over_bsp": ratios} if len(trees) > 1 else ratios),
+        },
+        args.json,
+    )
 
 
 def _run_tree(src: str, env: dict, mode: str, args, steps: int) -> dict:
     """One ``run_mode`` in a subprocess that imports the engine from ``src`` (``env`` added)."""
-    cmd = [sys.executable, __file__, "--one", mode, "--workers", str(args.workers), "--steps", str(steps),
-           "--isp-v", str(args.isp_v), "--seed", str(args.seed), *(["--quick"] if args.quick else [])]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--one",
+        mode,
+        "--workers",
+        str(args.workers),
+        "--steps",
+        str(steps),
+        "--isp-v",
+        str(args.isp_v),
+        "--seed",
+        str(args.seed),
+        *(["--quick"] if args.quick else []),
+    ]
     out = subprocess.run(cmd, env={**os.environ, **env, "PYTHONPATH": src}, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

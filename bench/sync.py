@@ -34,11 +34,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_table, result_path, write_json  # noqa: E402
 
+from ebb.catalogue import CATALOGUE  # noqa: E402
 from ebb.data.prepare import prepare_dataset  # noqa: E402
 from ebb.data.synth import synth_ratings  # noqa: E402
 from ebb.engine.fleet_clock import Links, WorkerStep, barrier_step_seconds  # noqa: E402
 from ebb.local.runner import run_local  # noqa: E402
-from ebb.catalogue import CATALOGUE  # noqa: E402
 from ebb.spec import load_spec  # noqa: E402
 from ebb.stores.local import FolderObjectStore  # noqa: E402
 
@@ -63,8 +63,15 @@ def dataset(shape: str, seed: int = 0) -> tuple[str, dict]:
         synth_ratings(raw, rank=10, noise=0.5, seed=seed, **dims)
         print(f"generated {dims['ratings']:,} ratings in {time.perf_counter() - t0:.0f} s", flush=True)
         t0 = time.perf_counter()
-        prepare_dataset("movielens", raw, FolderObjectStore(prepared), batch_size=6250, test_fraction=0.1,
-                        val_fraction=0.0, seed=seed)
+        prepare_dataset(
+            "movielens",
+            raw,
+            FolderObjectStore(prepared),
+            batch_size=6250,
+            test_fraction=0.1,
+            val_fraction=0.0,
+            seed=seed,
+        )
         print(f"prepared in {time.perf_counter() - t0:.0f} s", flush=True)
     return str(prepared), json.loads(Path(f"{raw}.meta.json").read_text())
 
@@ -90,8 +97,11 @@ def clock_fields(args) -> dict:
     """A job spec's clock overrides for ``--clock`` (fleet: ``--link-mb-s``, and ``--node-mb-s`` if given)."""
     if args.clock != "fleet":
         return {}
-    return {"clock.kind": "fleet", "clock.link_mb_s": args.link_mb_s,
-            **({"clock.node_mb_s": args.node_mb_s} if args.node_mb_s else {})}
+    return {
+        "clock.kind": "fleet",
+        "clock.link_mb_s": args.link_mb_s,
+        **({"clock.node_mb_s": args.node_mb_s} if args.node_mb_s else {}),
+    }
 
 
 def finished_report(spec) -> dict | None:
@@ -130,16 +140,29 @@ def settings_tag(args) -> str:
 
 def run_config(data_dir, workers, name, fields, args) -> dict:
     model = getattr(args, "model", "pmf")
-    overrides = {"name": f"bench-sync-{model}-{name}-{workers}".replace("(", "").replace(")", "")
-                 .replace("=", "").replace("/", "-"),
-                 "model": model, "data": data_dir, "workers": workers, "seed": args.seed,
-                 **({"hyper.rank": 20} if model == "pmf" else {}), **clock_fields(args),
-                 "scaling.policy": "none", "stop.target_val": args.target, "stop.eval_every": args.eval_every,
-                 "stop.max_seconds": args.max_seconds, "stop.max_epochs": args.max_epochs,
-                 **({"hyper.lr": args.lr} if args.lr else {}), **job_settings(getattr(args, "set", None)),
-                 "out": str(DATA / "runs" / f"sync-{Path(data_dir).parent.name}-{name}-{workers}{settings_tag(args)}"
-                            .replace("/", "-")),
-                 **fields}
+    overrides = {
+        "name": f"bench-sync-{model}-{name}-{workers}".replace("(", "")
+        .replace(")", "")
+        .replace("=", "")
+        .replace("/", "-"),
+        "model": model,
+        "data": data_dir,
+        "workers": workers,
+        "seed": args.seed,
+        **({"hyper.rank": 20} if model == "pmf" else {}),
+        **clock_fields(args),
+        "scaling.policy": "none",
+        "stop.target_val": args.target,
+        "stop.eval_every": args.eval_every,
+        "stop.max_seconds": args.max_seconds,
+        "stop.max_epochs": args.max_epochs,
+        **({"hyper.lr": args.lr} if args.lr else {}),
+        **job_settings(getattr(args, "set", None)),
+        "out": str(
+            DATA / "runs" / f"sync-{Path(data_dir).parent.name}-{name}-{workers}{settings_tag(args)}".replace("/", "-")
+        ),
+        **fields,
+    }
     spec = load_spec(overrides=overrides)
     print(f"-- {model} {name} × {workers} workers ({spec.clock.kind} clock)", flush=True)
     try:
@@ -154,22 +177,32 @@ def run_config(data_dir, workers, name, fields, args) -> dict:
     totals = report["totals"]
     test_metric = report["test_metrics"][METRIC[model]]
     return {
-        "config": name, "model": model, "optimizer": fields.get("hyper.optimizer"), "workers": workers,
-        "status": report["status"], "reached": hit is not None, "clock": report.get("clock", {}).get("kind", "host"),
+        "config": name,
+        "model": model,
+        "optimizer": fields.get("hyper.optimizer"),
+        "workers": workers,
+        "status": report["status"],
+        "reached": hit is not None,
+        "clock": report.get("clock", {}).get("kind", "host"),
         "time_to_target_s": hit["seconds_excluding_eval"] if hit else None,
         "steps_to_target": hit["step"] + 1 if hit else None,
-        "steps": report["steps"], "epochs": report["epochs"],
+        "steps": report["steps"],
+        "epochs": report["epochs"],
         "mb_exchanged": (totals["bytes_sent"] + totals["bytes_received"]) / 1e6,
-        "mb_sent": totals["bytes_sent"] / 1e6, "sent_fraction": totals["sent_fraction"],
-        "final_test": test_metric, "final_test_rmse": report["test_metrics"].get("rmse"),
+        "mb_sent": totals["bytes_sent"] / 1e6,
+        "sent_fraction": totals["sent_fraction"],
+        "final_test": test_metric,
+        "final_test_rmse": report["test_metrics"].get("rmse"),
         "final_train_loss": report["final_loss"],
-        "cost_usd": (report.get("cost") or {}).get("total_usd"), "host_s": report.get("host_seconds"),
+        "cost_usd": (report.get("cost") or {}).get("total_usd"),
+        "host_s": report.get("host_seconds"),
         "load_avg_1m": os.getloadavg()[0],  # process CPU time grows with the host's load (docs/RESULTS.md)
         "curve": [(h["time"], h["test"]) for h in report["history"] if "test" in h],
         # Under SSP a worker is usually computing when its go arrives: no barrier to time.
         "sync_ms_median": None if fields["sync.mode"] == "ssp" else (report["sync_overhead_ms"] or {}).get("median"),
         "sync_ms_p90": None if fields["sync.mode"] == "ssp" else (report["sync_overhead_ms"] or {}).get("p90"),
-        "wall_s": report["wall_seconds"], "eval_s": report["eval_seconds"],
+        "wall_s": report["wall_seconds"],
+        "eval_s": report["eval_seconds"],
         "cpu_ms_per_worker_step": 1000 * totals["cpu_seconds"] / (report["steps"] * workers),
         "cpu_ms_critical_per_step": 1000 * totals["cpu_critical_seconds"] / report["steps"],
         "barrier_ms_first": (report["sync_overhead_ms"] or {}).get("first_worker_median"),
@@ -181,10 +214,25 @@ def barrier_dataset(seed: int = 0) -> tuple[str, int]:
     (prepared folder, number of train minibatches)."""
     root = DATA / "barrier"
     if not (root / "prepared" / "manifest.json").exists():
-        synth_ratings(root / "ratings.csv", users=200, items=100, ratings=10_000, rank=2, seed=seed,
-                      min_user_ratings=5, min_item_ratings=5)
-        prepare_dataset("movielens", root / "ratings.csv", FolderObjectStore(root / "prepared"), batch_size=20,
-                        test_fraction=0.05, val_fraction=0.0, seed=seed)
+        synth_ratings(
+            root / "ratings.csv",
+            users=200,
+            items=100,
+            ratings=10_000,
+            rank=2,
+            seed=seed,
+            min_user_ratings=5,
+            min_item_ratings=5,
+        )
+        prepare_dataset(
+            "movielens",
+            root / "ratings.csv",
+            FolderObjectStore(root / "prepared"),
+            batch_size=20,
+            test_fraction=0.05,
+            val_fraction=0.0,
+            seed=seed,
+        )
     return str(root / "prepared"), 475  # ≈ 9,500 train ratings / 20
 
 
@@ -194,60 +242,118 @@ def barrier_overhead(workers: int, steps: int = 400, seed: int = 0) -> dict:
     import statistics
 
     data_dir, parts = barrier_dataset(seed)
-    spec = load_spec(overrides={"name": f"bench-barrier-{workers}", "model": "pmf", "data": data_dir,
-                                "workers": workers, "hyper.rank": 2, "sync.mode": "isp", "sync.significance": 1e12,
-                                "scaling.policy": "none", "stop.max_epochs": steps * workers / parts,
-                                "out": fresh_out(DATA / "runs" / "barrier")})
+    spec = load_spec(
+        overrides={
+            "name": f"bench-barrier-{workers}",
+            "model": "pmf",
+            "data": data_dir,
+            "workers": workers,
+            "hyper.rank": 2,
+            "sync.mode": "isp",
+            "sync.significance": 1e12,
+            "scaling.policy": "none",
+            "stop.max_epochs": steps * workers / parts,
+            "out": fresh_out(DATA / "runs" / "barrier"),
+        }
+    )
     report, _ = run_local(spec)  # (report, merged model): the samples' quantiles are in the report
     sync = report["sync_overhead_ms"]
-    return {"workers": workers, "steps": report["steps"], "empty_fraction": report["totals"]["empty_steps"] /
-            max(1, report["totals"]["empty_steps"] + report["totals"]["updates_sent"]),
-            "sync_ms_median": sync["median"], "sync_ms_p90": sync["p90"],
-            "first_worker_ms_median": sync["first_worker_median"],
-            "step_ms_median": 1000 * statistics.median(
-                b["time"] - a["time"] for a, b in zip(report["history"], report["history"][1:]))}
+    return {
+        "workers": workers,
+        "steps": report["steps"],
+        "empty_fraction": report["totals"]["empty_steps"]
+        / max(1, report["totals"]["empty_steps"] + report["totals"]["updates_sent"]),
+        "sync_ms_median": sync["median"],
+        "sync_ms_p90": sync["p90"],
+        "first_worker_ms_median": sync["first_worker_median"],
+        "step_ms_median": 1000
+        * statistics.median(b["time"] - a["time"] for a, b in zip(report["history"], report["history"][1:])),
+    }
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1M ratings instead of 10M")
     ap.add_argument("--workers", default="4,8")
-    ap.add_argument("--sync", default="bsp,ssp,isp",
-                    help="which sync models to run (comma-separated; none: only DDP, with --with-ddp)")
+    ap.add_argument(
+        "--sync",
+        default="bsp,ssp,isp",
+        help="which sync models to run (comma-separated; none: only DDP, with --with-ddp)",
+    )
     ap.add_argument("--isp-v", default="0.7,1", help="ISP thresholds to run (MLLess's 0.7 and a tuned one)")
-    ap.add_argument("--model", default="pmf", choices=["pmf", "sparse_lr"],
-                    help="pmf (planted ratings) | sparse_lr (the Criteo-shaped generator, --lr-rows rows)")
+    ap.add_argument(
+        "--model",
+        default="pmf",
+        choices=["pmf", "sparse_lr"],
+        help="pmf (planted ratings) | sparse_lr (the Criteo-shaped generator, --lr-rows rows)",
+    )
     ap.add_argument("--lr-rows", type=int, default=1_000_000, help="sparse_lr: rows of the Criteo-shaped set")
-    ap.add_argument("--clock", default="host", choices=["host", "fleet"],
-                    help="fleet: Ebb runs on the engine's fleet clock and DDP is put on the same links (ddp_fleet)")
-    ap.add_argument("--target", type=float, default=None,
-                    help="target test RMSE (default: 0.58 at ML-10M shape, 0.66 with --quick; noise floor 0.5) or "
-                         f"sparse_lr test log-loss (default {LR_TARGET})")
-    ap.add_argument("--eval-every", type=int, default=None,
-                    help="score the test split every N steps, Ebb and DDP alike (default 20; 5 with --quick)")
+    ap.add_argument(
+        "--clock",
+        default="host",
+        choices=["host", "fleet"],
+        help="fleet: Ebb runs on the engine's fleet clock and DDP is put on the same links (ddp_fleet)",
+    )
+    ap.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="target test RMSE (default: 0.58 at ML-10M shape, 0.66 with --quick; noise floor 0.5) or "
+        f"sparse_lr test log-loss (default {LR_TARGET})",
+    )
+    ap.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        help="score the test split every N steps, Ebb and DDP alike (default 20; 5 with --quick)",
+    )
     ap.add_argument("--max-seconds", type=float, default=600)
     ap.add_argument("--max-epochs", type=float, default=30)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--with-ddp", action="store_true", help="also run bench/ddp_baseline.py's DDP (gloo) variants")
     ap.add_argument("--ddp-variants", default="dense,sparse", help="which DDP variants --with-ddp runs")
-    ap.add_argument("--ddp-lr", default="", help="learning rates of DDP variants, e.g. dense=50 (default: "
-                    "bench/ddp_baseline.py's tuned ones)")
-    ap.add_argument("--optimizers", default="sgd_momentum",
-                    help="PMF optimisers (comma-separated: sgd_momentum, adam); runs other than sgd_momentum are "
-                         "named adam/<sync> and take the optimiser's default lr")
+    ap.add_argument(
+        "--ddp-lr",
+        default="",
+        help="learning rates of DDP variants, e.g. dense=50 (default: bench/ddp_baseline.py's tuned ones)",
+    )
+    ap.add_argument(
+        "--optimizers",
+        default="sgd_momentum",
+        help="PMF optimisers (comma-separated: sgd_momentum, adam); runs other than sgd_momentum are "
+        "named adam/<sync> and take the optimiser's default lr",
+    )
     ap.add_argument("--lr", type=float, default=None, help="hyper.lr of every Ebb run (default: the optimiser's)")
-    ap.add_argument("--set", action="append", metavar="FIELD=VALUE",
-                    help="a job-spec field for every Ebb run, e.g. --set sync.sum_cap=4 (repeatable; YAML values)")
-    ap.add_argument("--json", help="output JSON (default bench/results/sync/<clock>-<shape>-P<workers>[-<syncs>].json; "
-                    "--plot: a PNG beside it)")
-    ap.add_argument("--link-mb-s", type=float, default=75.0,
-                    help="for the modelled times: network throughput of one worker, MB/s (default 75, about "
-                         "what one Lambda function moves to ElastiCache; an assumption, not a measurement)")
-    ap.add_argument("--node-mb-s", type=float, default=None,
-                    help="the Redis node's link, MB/s per direction (default: 1250, 10 Gbit/s, for the host clock's "
-                         "modelled times; the job spec's clock.node_mb_s on the fleet clock)")
-    ap.add_argument("--reuse", action="store_true",
-                    help="take the report of a finished run of the same job spec instead of running it again")
+    ap.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="a job-spec field for every Ebb run, e.g. --set sync.sum_cap=4 (repeatable; YAML values)",
+    )
+    ap.add_argument(
+        "--json",
+        help="output JSON (default bench/results/sync/<clock>-<shape>-P<workers>[-<syncs>].json; "
+        "--plot: a PNG beside it)",
+    )
+    ap.add_argument(
+        "--link-mb-s",
+        type=float,
+        default=75.0,
+        help="for the modelled times: network throughput of one worker, MB/s (default 75, about "
+        "what one Lambda function moves to ElastiCache; an assumption, not a measurement)",
+    )
+    ap.add_argument(
+        "--node-mb-s",
+        type=float,
+        default=None,
+        help="the Redis node's link, MB/s per direction (default: 1250, 10 Gbit/s, for the host clock's "
+        "modelled times; the job spec's clock.node_mb_s on the fleet clock)",
+    )
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="take the report of a finished run of the same job spec instead of running it again",
+    )
     ap.add_argument("--plot", action="store_true", help="also a PNG of the test metric against time per sync model")
     args = ap.parse_args(argv)
 
@@ -276,7 +382,9 @@ def main(argv=None):
     for optimizer in args.optimizers.split(","):
         for name, fields in base.items():
             configs[name if optimizer == "sgd_momentum" else f"{optimizer}/{name}"] = {
-                **fields, **({"hyper.optimizer": optimizer} if args.model == "pmf" else {})}
+                **fields,
+                **({"hyper.optimizer": optimizer} if args.model == "pmf" else {}),
+            }
     rows = []
     for workers in (int(w) for w in args.workers.split(",")):
         for name, fields in configs.items():
@@ -288,12 +396,26 @@ def main(argv=None):
             for variant in args.ddp_variants.split(","):
                 print(f"-- ddp-{variant} × {workers} workers", flush=True)
                 lrs = {k: float(v) for k, v in (kv.split("=") for kv in args.ddp_lr.split(",") if kv)}
-                r = run_ddp(data_dir, workers, args.target, model=args.model, variant=variant, rank=20,
-                            lr=lrs.get(variant),
-                            max_seconds=args.max_seconds, max_epochs=args.max_epochs, seed=args.seed,
-                            eval_every=args.eval_every)
-                row = {"config": f"ddp-{variant}", "workers": workers, **r, "final_test": r["final_test_metric"],
-                       "final_test_rmse": r["final_test_metric"] if args.model == "pmf" else None}
+                r = run_ddp(
+                    data_dir,
+                    workers,
+                    args.target,
+                    model=args.model,
+                    variant=variant,
+                    rank=20,
+                    lr=lrs.get(variant),
+                    max_seconds=args.max_seconds,
+                    max_epochs=args.max_epochs,
+                    seed=args.seed,
+                    eval_every=args.eval_every,
+                )
+                row = {
+                    "config": f"ddp-{variant}",
+                    "workers": workers,
+                    **r,
+                    "final_test": r["final_test_metric"],
+                    "final_test_rmse": r["final_test_metric"] if args.model == "pmf" else None,
+                }
                 rows.append({**row, **(ddp_fleet(row, args) if args.clock == "fleet" else {})})
                 partial(rows, args, shape)
     if args.clock == "fleet":
@@ -386,13 +508,24 @@ def ddp_fleet(row: dict, args) -> dict:
     steps = row.get("steps_to_target") if row.get("reached") else row.get("steps")
     per_step = row["cpu_ms_critical_per_step"] / 1e3 + row["bytes_per_step_per_rank"] / (spec.clock.link_mb_s * 1e6)
     seconds = spec.clock.cold_start_s + steps * per_step
-    usage = Usage(worker_seconds=row["workers"] * seconds, memory_mb=spec.aws.memory_mb, arch=spec.aws.arch,
-                  invocations=row["workers"], wall_seconds=seconds, supervisor_seconds=0.0)
+    usage = Usage(
+        worker_seconds=row["workers"] * seconds,
+        memory_mb=spec.aws.memory_mb,
+        arch=spec.aws.arch,
+        invocations=row["workers"],
+        wall_seconds=seconds,
+        supervisor_seconds=0.0,
+    )
     cost = estimate_cost(usage, load_prices())["total_usd"]
-    return {"host_time_to_target_s": row["time_to_target_s"], "clock": "fleet (ddp_fleet)",
-            "time_to_target_s": seconds if row.get("reached") else None, "fleet_s": seconds, "cost_usd": cost,
-            "mb_exchanged": row["mb_exchanged"],
-            "curve": [(spec.clock.cold_start_s + c["step"] * per_step, c["test_metric"]) for c in row["curve"]]}
+    return {
+        "host_time_to_target_s": row["time_to_target_s"],
+        "clock": "fleet (ddp_fleet)",
+        "time_to_target_s": seconds if row.get("reached") else None,
+        "fleet_s": seconds,
+        "cost_usd": cost,
+        "mb_exchanged": row["mb_exchanged"],
+        "curve": [(spec.clock.cold_start_s + c["step"] * per_step, c["test_metric"]) for c in row["curve"]],
+    }
 
 
 def default_path(args, shape: str) -> Path:
@@ -405,30 +538,54 @@ def default_path(args, shape: str) -> Path:
 def partial(rows: list[dict], args, shape: str) -> None:
     """The rows so far, in the invocation's JSON, so that a long invocation cut short keeps its runs."""
     if args.clock == "fleet":
-        write_json(default_path(args, shape), {"partial": True, "shape": shape, "model": args.model,
-                                               "target": args.target, "rows": rows}, args.json)
+        write_json(
+            default_path(args, shape),
+            {"partial": True, "shape": shape, "model": args.model, "target": args.target, "rows": rows},
+            args.json,
+        )
 
 
 def fleet_summary(rows: list[dict], args, shape: str, meta: dict) -> None:
     """Table, verdicts per worker count, plot and JSON of a fleet-clock invocation."""
     print()
-    print_table(rows, [("config", "sync"), ("workers", "P"), ("status", "status"),
-                       ("time_to_target_s", "fleet s to target"), ("steps_to_target", "steps"),
-                       ("cost_usd", "cost $"), ("mb_exchanged", "MB exchanged"), ("final_test", "test metric"),
-                       ("cpu_ms_critical_per_step", "busiest ms/step"), ("host_s", "host s")])
+    print_table(
+        rows,
+        [
+            ("config", "sync"),
+            ("workers", "P"),
+            ("status", "status"),
+            ("time_to_target_s", "fleet s to target"),
+            ("steps_to_target", "steps"),
+            ("cost_usd", "cost $"),
+            ("mb_exchanged", "MB exchanged"),
+            ("final_test", "test metric"),
+            ("cpu_ms_critical_per_step", "busiest ms/step"),
+            ("host_s", "host s"),
+        ],
+    )
     verdicts_by_p = {}
     for workers in sorted({r["workers"] for r in rows}):
         verdicts_by_p[workers] = fleet_verdicts(rows, workers)
         for line in verdicts_by_p[workers]["lines"]:
             print(line)
     if args.plot:
-        plot_curves(rows, Path(args.json or default_path(args, shape)).with_suffix(".png"), METRIC[args.model],
-                    args.target)
-    write_json(default_path(args, shape),
-               {"shape": shape, "model": args.model, "data_meta": meta, "target": args.target,
-                "clock": fleet_spec(args).clock.model_dump(), "settings": vars(args), "rows": rows,
-                "verdicts": verdicts_by_p},
-               args.json)
+        plot_curves(
+            rows, Path(args.json or default_path(args, shape)).with_suffix(".png"), METRIC[args.model], args.target
+        )
+    write_json(
+        default_path(args, shape),
+        {
+            "shape": shape,
+            "model": args.model,
+            "data_meta": meta,
+            "target": args.target,
+            "clock": fleet_spec(args).clock.model_dump(),
+            "settings": vars(args),
+            "rows": rows,
+            "verdicts": verdicts_by_p,
+        },
+        args.json,
+    )
 
 
 def fleet_verdicts(rows: list[dict], workers: int) -> dict:
@@ -436,8 +593,7 @@ def fleet_verdicts(rows: list[dict], workers: int) -> dict:
     sooner and ≥ 3× cheaper than the better DDP variant; that run's final metric within 1% of BSP's."""
     at = {r["config"]: r for r in rows if r["workers"] == workers}
     reached = {k: r for k, r in at.items() if r.get("time_to_target_s")}
-    out: dict = {"workers": workers, "reached": sorted(reached), "missed": sorted(set(at) - set(reached)),
-                 "lines": []}
+    out: dict = {"workers": workers, "reached": sorted(reached), "missed": sorted(set(at) - set(reached)), "lines": []}
     if out["missed"]:
         out["lines"].append(f"at {workers} workers, did not reach the target: {', '.join(out['missed'])}")
     bsp = reached.get("bsp")
@@ -446,24 +602,36 @@ def fleet_verdicts(rows: list[dict], workers: int) -> dict:
     ddp = {k: r for k, r in reached.items() if k.startswith("ddp")}
     if isps and bsp:
         name, isp = min(isps.items(), key=lambda kv: kv[1]["time_to_target_s"])
-        out["isp_vs_bsp"] = {"isp": name, "speedup": bsp["time_to_target_s"] / isp["time_to_target_s"],
-                             "bytes_ratio": bsp["mb_exchanged"] / isp["mb_exchanged"]}
-        out["lines"].append(f"at {workers} workers, {name} vs BSP: {out['isp_vs_bsp']['speedup']:.2f}× sooner "
-                            f"(target ≥ 2), {out['isp_vs_bsp']['bytes_ratio']:.1f}× fewer bytes")
+        out["isp_vs_bsp"] = {
+            "isp": name,
+            "speedup": bsp["time_to_target_s"] / isp["time_to_target_s"],
+            "bytes_ratio": bsp["mb_exchanged"] / isp["mb_exchanged"],
+        }
+        out["lines"].append(
+            f"at {workers} workers, {name} vs BSP: {out['isp_vs_bsp']['speedup']:.2f}× sooner "
+            f"(target ≥ 2), {out['isp_vs_bsp']['bytes_ratio']:.1f}× fewer bytes"
+        )
     if ebb and ddp:
         name, best = min(ebb.items(), key=lambda kv: kv[1]["time_to_target_s"])
         dname, rival = min(ddp.items(), key=lambda kv: kv[1]["time_to_target_s"])
-        out["ebb_vs_ddp"] = {"ebb": name, "ddp": dname,
-                             "speedup": rival["time_to_target_s"] / best["time_to_target_s"],
-                             "cheaper": rival["cost_usd"] / best["cost_usd"],
-                             "cheaper_than_cheapest": min(r["cost_usd"] for r in ddp.values()) / best["cost_usd"]}
-        out["lines"].append(f"at {workers} workers, Ebb {name} vs the faster DDP ({dname}): "
-                            f"{out['ebb_vs_ddp']['speedup']:.2f}× sooner (target ≥ 3), "
-                            f"{out['ebb_vs_ddp']['cheaper']:.2f}× cheaper (target ≥ 3)")
+        out["ebb_vs_ddp"] = {
+            "ebb": name,
+            "ddp": dname,
+            "speedup": rival["time_to_target_s"] / best["time_to_target_s"],
+            "cheaper": rival["cost_usd"] / best["cost_usd"],
+            "cheaper_than_cheapest": min(r["cost_usd"] for r in ddp.values()) / best["cost_usd"],
+        }
+        out["lines"].append(
+            f"at {workers} workers, Ebb {name} vs the faster DDP ({dname}): "
+            f"{out['ebb_vs_ddp']['speedup']:.2f}× sooner (target ≥ 3), "
+            f"{out['ebb_vs_ddp']['cheaper']:.2f}× cheaper (target ≥ 3)"
+        )
         if bsp:
             out["metric_rel_diff"] = abs(best["final_test"] - bsp["final_test"]) / bsp["final_test"]
-            out["lines"].append(f"at {workers} workers, {name}'s final test metric differs from BSP's by "
-                                f"{100 * out['metric_rel_diff']:.2f}% (target ≤ 1%)")
+            out["lines"].append(
+                f"at {workers} workers, {name}'s final test metric differs from BSP's by "
+                f"{100 * out['metric_rel_diff']:.2f}% (target ≤ 1%)"
+            )
     return out
 
 
@@ -514,8 +682,13 @@ def project(row: dict, worker_mb_s: float, server_mb_s: float) -> float | None:
     per_worker_step = row["steps"] * row["workers"]
     sent = 1e6 * row["mb_sent"] / per_worker_step
     read = 1e6 * (row["mb_exchanged"] - row["mb_sent"]) / per_worker_step
-    links = Links(link_mb_s=worker_mb_s, rtt_ms=row.get("barrier_ms_first") or 0.0, node_mb_s=server_mb_s,
-                  cold_start_s=0.0, barrier_ms=0.0)
+    links = Links(
+        link_mb_s=worker_mb_s,
+        rtt_ms=row.get("barrier_ms_first") or 0.0,
+        node_mb_s=server_mb_s,
+        cold_start_s=0.0,
+        barrier_ms=0.0,
+    )
     fleet = [WorkerStep(cpu_s=cpu_ms / 1e3, sent_bytes=sent, read_bytes=read, requests=1)] * row["workers"]
     return steps * barrier_step_seconds(fleet, links)
 
@@ -558,12 +731,17 @@ def verdicts(rows, workers, worker_mb_s: float | None = None, server_mb_s: float
         if "/" in name and not name.startswith("ddp"):  # another optimiser: steps against the default's
             base = at.get(name.split("/", 1)[1], {})
             out.setdefault("optimizers", {})[name] = {
-                "steps_to_target": r.get("steps_to_target"), "default_steps": base.get("steps_to_target"),
-                "ddp_sparse_adam_steps": sparse_adam, "final_test_rmse": r.get("final_test_rmse"),
-                "default_final_test_rmse": base.get("final_test_rmse")}
-            out["lines"].append(f"{name}: {r.get('steps_to_target')} steps to target against "
-                                f"{base.get('steps_to_target')} with the default optimiser"
-                                + (f" and {sparse_adam} for DDP + SparseAdam" if sparse_adam else ""))
+                "steps_to_target": r.get("steps_to_target"),
+                "default_steps": base.get("steps_to_target"),
+                "ddp_sparse_adam_steps": sparse_adam,
+                "final_test_rmse": r.get("final_test_rmse"),
+                "default_final_test_rmse": base.get("final_test_rmse"),
+            }
+            out["lines"].append(
+                f"{name}: {r.get('steps_to_target')} steps to target against "
+                f"{base.get('steps_to_target')} with the default optimiser"
+                + (f" and {sparse_adam} for DDP + SparseAdam" if sparse_adam else "")
+            )
     if worker_mb_s:
         proj = {k: r["projected_s"] for k, r in at.items() if r.get("projected_s") is not None}
         isp_name = min((k for k in proj if k.startswith("isp")), key=proj.get, default=None)

@@ -3,7 +3,7 @@
 #   1. synthesise the CDK app (as `npx cdk synth` does; offline, no Docker);
 #   2. create the template as a stack in moto's CloudFormation on a local server, with IAM
 #      enforced; for each resource type moto cannot create it says what stands in
-#      (tests/infra/moto_stack.py); the functions run as local processes, each under its
+#      (tests/helpers/moto_stack.py); the functions run as local processes, each under its
 #      own role's credentials, played by a small invoker behind moto's Lambda;
 #   3. `ebb submit` a small job, `ebb watch` it, `ebb report` it, against the stack's outputs.
 # Prints each step; exits non-zero on any failure, including any request IAM refused.
@@ -45,7 +45,7 @@ else
 fi
 
 echo "==> 2. creating the stack in moto's CloudFormation (IAM enforced)"
-"$python" tests/infra/moto_stack.py serve "$template" "$work/state.json" > "$work/server.log" 2>&1 &
+"$python" tests/helpers/moto_stack.py serve "$template" "$work/state.json" > "$work/server.log" 2>&1 &
 server=$!
 for _ in $(seq 600); do
   [ -s "$work/state.json" ] && break

@@ -28,8 +28,10 @@ from constructs import Construct
 PORT = 6379
 # Serverless caches also serve reads on PORT + 1 (the reader endpoint).
 SERVERLESS_PORTS = ec2.Port.tcp_range(6379, 6380)
-_ENGINE_VERSIONS = {"redis": ("7.1", "7", "default.redis7.cluster.on"),
-                    "valkey": ("8.0", "8", "default.valkey8.cluster.on")}
+_ENGINE_VERSIONS = {
+    "redis": ("7.1", "7", "default.redis7.cluster.on"),
+    "valkey": ("8.0", "8", "default.valkey8.cluster.on"),
+}
 
 
 class Cache(Construct):
@@ -41,29 +43,49 @@ class Cache(Construct):
     `serverless_name` the serverless cache.
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, vpc: ec2.IVpc, subnet_ids: Sequence[str],
-                 clients: ec2.ISecurityGroup, mode: str, engine: str, node_type: str, shards: int,
-                 replicas: int, serverless_max_gb: int, removal_policy: RemovalPolicy) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        vpc: ec2.IVpc,
+        subnet_ids: Sequence[str],
+        clients: ec2.ISecurityGroup,
+        mode: str,
+        engine: str,
+        node_type: str,
+        shards: int,
+        replicas: int,
+        serverless_max_gb: int,
+        removal_policy: RemovalPolicy,
+    ) -> None:
         super().__init__(scope, construct_id)
         self.mode = mode
         self.auth_secret = secretsmanager.Secret(
-            self, "AuthToken",
+            self,
+            "AuthToken",
             description="AUTH token (default-user password) of the Ebb cache",
             # ElastiCache takes 16-128 printable characters without @, " or /: letters and digits only.
-            generate_secret_string=secretsmanager.SecretStringGenerator(
-                exclude_punctuation=True, password_length=64),
+            generate_secret_string=secretsmanager.SecretStringGenerator(exclude_punctuation=True, password_length=64),
             removal_policy=removal_policy,
         )
-        Validations.of(self.auth_secret).acknowledge(Acknowledgment(
-            id="AwsSolutions-SMG4",
-            reason="Rotating an ElastiCache AUTH token needs a two-step ModifyReplicationGroup (ROTATE, then SET) "
-                   "that no managed rotation Lambda performs; the token never leaves AWS, is read only by the "
-                   "two in-VPC functions' roles, and is regenerated whenever the stack is recreated."))
+        Validations.of(self.auth_secret).acknowledge(
+            Acknowledgment(
+                id="AwsSolutions-SMG4",
+                reason="Rotating an ElastiCache AUTH token needs a two-step ModifyReplicationGroup (ROTATE, then SET) "
+                "that no managed rotation Lambda performs; the token never leaves AWS, is read only by the "
+                "two in-VPC functions' roles, and is regenerated whenever the stack is recreated.",
+            )
+        )
         token = self.auth_secret.secret_value.unsafe_unwrap()  # a {{resolve:secretsmanager:...}} reference
 
         self.security_group = ec2.SecurityGroup(
-            self, "SecurityGroup", vpc=vpc, allow_all_outbound=False,
-            description="Ebb cache: reachable only from the Ebb functions")
+            self,
+            "SecurityGroup",
+            vpc=vpc,
+            allow_all_outbound=False,
+            description="Ebb cache: reachable only from the Ebb functions",
+        )
         ports = SERVERLESS_PORTS if mode == "serverless" else ec2.Port.tcp(PORT)
         self.connections = ec2.Connections(security_groups=[self.security_group], default_port=ports)
         # Ingress on the cache's group from the functions' group, and the matching egress rule there.
@@ -76,7 +98,8 @@ class Cache(Construct):
 
         if mode == "serverless":
             default_user = elasticache.CfnUser(
-                self, "DefaultUser",
+                self,
+                "DefaultUser",
                 engine="redis",  # RBAC users are "redis" users for either engine
                 user_id=f"{prefix}-default",
                 user_name="default",
@@ -84,10 +107,12 @@ class Cache(Construct):
                 authentication_mode={"Type": "password", "Passwords": [token]},
             )
             users = elasticache.CfnUserGroup(
-                self, "Users", engine="redis", user_group_id=f"{prefix}-users", user_ids=[default_user.ref])
+                self, "Users", engine="redis", user_group_id=f"{prefix}-users", user_ids=[default_user.ref]
+            )
             self.serverless_name = f"{prefix}-cache"
             serverless = elasticache.CfnServerlessCache(
-                self, "Serverless",
+                self,
+                "Serverless",
                 engine=engine,
                 serverless_cache_name=self.serverless_name,
                 description="Ebb update store and barrier",
@@ -97,7 +122,9 @@ class Cache(Construct):
                 user_group_id=users.ref,
                 cache_usage_limits=elasticache.CfnServerlessCache.CacheUsageLimitsProperty(
                     data_storage=elasticache.CfnServerlessCache.DataStorageProperty(
-                        unit="GB", maximum=serverless_max_gb)),
+                        unit="GB", maximum=serverless_max_gb
+                    )
+                ),
             )
             serverless.apply_removal_policy(removal_policy)
             self.resource = serverless
@@ -106,10 +133,12 @@ class Cache(Construct):
             return
 
         subnet_group = elasticache.CfnSubnetGroup(
-            self, "Subnets", description="Private subnets of the Ebb cache", subnet_ids=list(subnet_ids))
+            self, "Subnets", description="Private subnets of the Ebb cache", subnet_ids=list(subnet_ids)
+        )
         cluster_mode = shards > 1
         group = elasticache.CfnReplicationGroup(
-            self, "ReplicationGroup",
+            self,
+            "ReplicationGroup",
             replication_group_description="Ebb update store and barrier",
             engine=engine,
             engine_version=version,
@@ -134,23 +163,30 @@ class Cache(Construct):
         group.apply_removal_policy(removal_policy)
         self.resource = group
         if cluster_mode:
-            self.urls = (f"rediss://{group.attr_configuration_end_point_address}:"
-                         f"{group.attr_configuration_end_point_port}")
+            self.urls = (
+                f"rediss://{group.attr_configuration_end_point_address}:{group.attr_configuration_end_point_port}"
+            )
             self.cluster = "1"
-            self.node_ids = [f"{group.ref}-{s:04d}-{n:03d}"
-                             for s in range(1, shards + 1) for n in range(1, replicas + 2)]
+            self.node_ids = [
+                f"{group.ref}-{s:04d}-{n:03d}" for s in range(1, shards + 1) for n in range(1, replicas + 2)
+            ]
         else:
             self.urls = f"rediss://{group.attr_primary_end_point_address}:{group.attr_primary_end_point_port}"
             self.cluster = "0"
             self.node_ids = [f"{group.ref}-{n:03d}" for n in range(1, replicas + 2)]
 
         if replicas == 0:
-            Validations.of(group).acknowledge(Acknowledgment(
-                id="AwsSolutions-AEC4",
-                reason="Multi-AZ needs a replica per shard, which doubles the idle cost; a job's cache state is "
-                       "rebuilt from its S3 checkpoints on resubmission. Set ebb:cacheReplicas=1 for Multi-AZ."))
-        Validations.of(group).acknowledge(Acknowledgment(
-            id="AwsSolutions-AEC5",
-            reason="The cache sits in private subnets and its security group admits only the functions' group; "
-                   "a non-default port would hide nothing from a client that can already reach it."))
-
+            Validations.of(group).acknowledge(
+                Acknowledgment(
+                    id="AwsSolutions-AEC4",
+                    reason="Multi-AZ needs a replica per shard, which doubles the idle cost; a job's cache state is "
+                    "rebuilt from its S3 checkpoints on resubmission. Set ebb:cacheReplicas=1 for Multi-AZ.",
+                )
+            )
+        Validations.of(group).acknowledge(
+            Acknowledgment(
+                id="AwsSolutions-AEC5",
+                reason="The cache sits in private subnets and its security group admits only the functions' group; "
+                "a non-default port would hide nothing from a client that can already reach it.",
+            )
+        )

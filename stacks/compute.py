@@ -38,10 +38,26 @@ HANDLER = "ebb.aws.handlers.{name}.handler"
 # stays (ebb/ports, the spec and its model catalogue), and of the engine its checkpoint
 # layout and the supervisor's typed state: on_failure reads the last complete round's.
 ZIP_EXCLUDES = [
-    "**/__pycache__", "**/*.pyc", "**/*.so", "*.egg-info", "Dockerfile", ".dockerignore", "requirements-image.txt",
-    "ebb/autotune", "ebb/data", "ebb/engine/*", "!ebb/engine/__init__.py", "!ebb/engine/checkpoint.py",
-    "!ebb/engine/state.py", "!ebb/engine/errors.py",
-    "ebb/local", "ebb/models", "ebb/sparse.py", "ebb/cli.py", "ebb/flags.py", "ebb/stores/redis_store.py",
+    "**/__pycache__",
+    "**/*.pyc",
+    "**/*.so",
+    "*.egg-info",
+    "Dockerfile",
+    ".dockerignore",
+    "requirements-image.txt",
+    "ebb/autotune",
+    "ebb/data",
+    "ebb/engine/*",
+    "!ebb/engine/__init__.py",
+    "!ebb/engine/checkpoint.py",
+    "!ebb/engine/state.py",
+    "!ebb/engine/errors.py",
+    "ebb/local",
+    "ebb/models",
+    "ebb/sparse.py",
+    "ebb/cli.py",
+    "ebb/flags.py",
+    "ebb/stores/redis_store.py",
 ]
 # `scripts/build_layer.sh` records the platform it staged the layer for in this file.
 LAYER_STAMP = ".ebb-layer.json"
@@ -55,9 +71,9 @@ class LayerMissingError(RuntimeError):
 
 @dataclass(frozen=True)
 class _Role:
-    name: str             # handler module and POWERTOOLS_SERVICE_NAME suffix
-    image: bool           # container image (True) or zip + layer
-    in_vpc: bool          # talks to Redis
+    name: str  # handler module and POWERTOOLS_SERVICE_NAME suffix
+    image: bool  # container image (True) or zip + layer
+    in_vpc: bool  # talks to Redis
 
 
 _ROLES = {
@@ -79,16 +95,33 @@ class Compute(Construct):
     architecture, cache, concurrency, Map mode).
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, lambda_src: Path, layer_dir: Path,
-                 architecture: str, sizes: Mapping[str, FunctionSettings], log_retention: logs.RetentionDays,
-                 removal_policy: RemovalPolicy, vpc: ec2.IVpc, vpc_subnets: ec2.SubnetSelection,
-                 security_group: ec2.ISecurityGroup, bucket: s3.IBucket, cache: Cache, messaging: Messaging,
-                 max_workers: int, trace_in_vpc: bool, deployment: Mapping[str, object]) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        lambda_src: Path,
+        layer_dir: Path,
+        architecture: str,
+        sizes: Mapping[str, FunctionSettings],
+        log_retention: logs.RetentionDays,
+        removal_policy: RemovalPolicy,
+        vpc: ec2.IVpc,
+        vpc_subnets: ec2.SubnetSelection,
+        security_group: ec2.ISecurityGroup,
+        bucket: s3.IBucket,
+        cache: Cache,
+        messaging: Messaging,
+        max_workers: int,
+        trace_in_vpc: bool,
+        deployment: Mapping[str, object],
+    ) -> None:
         super().__init__(scope, construct_id)
         python = image_python(lambda_src)
         runtime = lambda_.Runtime(f"python{python}", lambda_.RuntimeFamily.PYTHON)
         layer = lambda_.LayerVersion(
-            self, "CommonLayer",
+            self,
+            "CommonLayer",
             code=lambda_.Code.from_asset(str(check_layer(layer_dir, architecture, python))),
             compatible_runtimes=[runtime],
             compatible_architectures=[_ARCHITECTURES[architecture]],
@@ -97,21 +130,35 @@ class Compute(Construct):
         zip_code = lambda_.Code.from_asset(str(lambda_src), exclude=ZIP_EXCLUDES)
 
         common_env = {names.BUCKET_ENV: bucket.bucket_name, names.METRICS_NAMESPACE_ENV: names.METRICS_NAMESPACE}
-        redis_env = {names.REDIS_URLS_ENV: cache.urls, names.REDIS_CLUSTER_ENV: cache.cluster,
-                     names.REDIS_SECRET_ENV: cache.auth_secret.secret_arn}
+        redis_env = {
+            names.REDIS_URLS_ENV: cache.urls,
+            names.REDIS_CLUSTER_ENV: cache.cluster,
+            names.REDIS_SECRET_ENV: cache.auth_secret.secret_arn,
+        }
         workers = {names.MAX_WORKERS_ENV: str(max_workers)}
         events = {names.EVENTS_TOPIC_ENV: messaging.events_topic.topic_arn}
         env = {
-            "worker": {**common_env, **redis_env, **workers,
-                       names.SUPERVISOR_QUEUE_ENV: messaging.supervisor_queue.queue_url,
-                       names.WORKER_QUEUE_PREFIX_ENV: messaging.worker_queue_url_prefix},
-            "supervisor": {**common_env, **redis_env, **workers,
-                           names.CONTROL_TOPIC_ENV: messaging.control_topic.topic_arn,
-                           names.SUPERVISOR_QUEUE_ENV: messaging.supervisor_queue.queue_url},
+            "worker": {
+                **common_env,
+                **redis_env,
+                **workers,
+                names.SUPERVISOR_QUEUE_ENV: messaging.supervisor_queue.queue_url,
+                names.WORKER_QUEUE_PREFIX_ENV: messaging.worker_queue_url_prefix,
+            },
+            "supervisor": {
+                **common_env,
+                **redis_env,
+                **workers,
+                names.CONTROL_TOPIC_ENV: messaging.control_topic.topic_arn,
+                names.SUPERVISOR_QUEUE_ENV: messaging.supervisor_queue.queue_url,
+            },
             "prepare": dict(common_env),
             "finalize": {**common_env, **events},
-            "validate": {**common_env, **workers,
-                         names.DEPLOYMENT_ENV: json.dumps(dict(deployment), separators=(",", ":"))},
+            "validate": {
+                **common_env,
+                **workers,
+                names.DEPLOYMENT_ENV: json.dumps(dict(deployment), separators=(",", ":")),
+            },
             "onFailure": {**common_env, **events},
         }
 
@@ -121,8 +168,13 @@ class Compute(Construct):
         for key, role in _ROLES.items():
             size = sizes[key]
             construct_name = f"{key[0].upper()}{key[1:]}"
-            log_group = logs.LogGroup(self, f"{construct_name}Logs", log_group_name=log_group_name(stack_name, key),
-                                      retention=log_retention, removal_policy=removal_policy)
+            log_group = logs.LogGroup(
+                self,
+                f"{construct_name}Logs",
+                log_group_name=log_group_name(stack_name, key),
+                retention=log_retention,
+                removal_policy=removal_policy,
+            )
             traced = trace_in_vpc or not role.in_vpc
             options = {
                 "architecture": _ARCHITECTURES[architecture],
@@ -139,26 +191,41 @@ class Compute(Construct):
                 options.update(vpc=vpc, vpc_subnets=vpc_subnets, security_groups=[security_group])
             if role.image:
                 function = lambda_.DockerImageFunction(
-                    self, construct_name,
+                    self,
+                    construct_name,
                     code=lambda_.DockerImageCode.from_image_asset(
-                        str(lambda_src), cmd=[HANDLER.format(name=role.name)], platform=_PLATFORMS[architecture]),
-                    **options)
+                        str(lambda_src), cmd=[HANDLER.format(name=role.name)], platform=_PLATFORMS[architecture]
+                    ),
+                    **options,
+                )
             else:
                 function = lambda_.Function(
-                    self, construct_name, runtime=runtime,
-                    handler=HANDLER.format(name=role.name), code=zip_code, layers=[layer], **options)
-                Validations.of(function).acknowledge(Acknowledgment(
-                    id="AwsSolutions-L1",
-                    reason=f"Python {python} on purpose: the container image's base (lambda_src/Dockerfile) runs "
-                           f"it, and the zip functions and their layer match it: one interpreter on AWS."))
+                    self,
+                    construct_name,
+                    runtime=runtime,
+                    handler=HANDLER.format(name=role.name),
+                    code=zip_code,
+                    layers=[layer],
+                    **options,
+                )
+                Validations.of(function).acknowledge(
+                    Acknowledgment(
+                        id="AwsSolutions-L1",
+                        reason=f"Python {python} on purpose: the container image's base (lambda_src/Dockerfile) runs "
+                        f"it, and the zip functions and their layer match it: one interpreter on AWS.",
+                    )
+                )
             self.functions[key] = function
             self.log_groups[key] = log_group
 
         self._grant(bucket, cache, messaging)
         for key, function in self.functions.items():
-            _acknowledge_role_findings(function, in_vpc=_ROLES[key].in_vpc,
-                                       traced=trace_in_vpc or not _ROLES[key].in_vpc,
-                                       reads_account_settings=key == "validate")
+            _acknowledge_role_findings(
+                function,
+                in_vpc=_ROLES[key].in_vpc,
+                traced=trace_in_vpc or not _ROLES[key].in_vpc,
+                reads_account_settings=key == "validate",
+            )
         self._acknowledge_prefix_grants(bucket)
 
     @property
@@ -192,13 +259,19 @@ class Compute(Construct):
     def _acknowledge_prefix_grants(self, bucket: s3.IBucket) -> None:
         """cdk-nag names each object-ARN wildcard of the grants above; each one is a key pattern."""
         created = bucket.node.default_child
-        arn = (f"<{Stack.of(self).get_logical_id(created)}.Arn>" if created is not None
-               else f"arn:{nag_partition(self)}:s3:::{bucket.bucket_name}")  # a bucket the stack imported
+        arn = (
+            f"<{Stack.of(self).get_logical_id(created)}.Arn>"
+            if created is not None
+            else f"arn:{nag_partition(self)}:s3:::{bucket.bucket_name}"
+        )  # a bucket the stack imported
         patterns = {p for grants in (names.PUT, names.DELETE) for ps in grants.values() for p in ps}
         for pattern in sorted(patterns | {"*"}):
-            Validations.of(self).acknowledge(Acknowledgment(
-                id=f"AwsSolutions-IAM5[Resource::{arn}/{pattern}]",
-                reason=f"Object keys matching one pattern: {_WHY_WRITES[pattern]}."))
+            Validations.of(self).acknowledge(
+                Acknowledgment(
+                    id=f"AwsSolutions-IAM5[Resource::{arn}/{pattern}]",
+                    reason=f"Object keys matching one pattern: {_WHY_WRITES[pattern]}.",
+                )
+            )
 
 
 # Why each key pattern of ebb.ports.deployment.PUT / DELETE is granted (a new pattern needs a reason here).
@@ -233,44 +306,70 @@ def check_layer(layer_dir: Path, architecture: str, python: str) -> Path:
     if not folder.is_dir() or not any(folder.iterdir()):
         raise LayerMissingError(
             f"the Lambda layer folder {folder} is missing or empty: run `{build}` "
-            "(scripts/setup.sh does it) before `cdk synth` or `cdk deploy`")
+            "(scripts/setup.sh does it) before `cdk synth` or `cdk deploy`"
+        )
     stamp = layer_dir / LAYER_STAMP
     staged = json.loads(stamp.read_text()) if stamp.is_file() else {}
     if staged.get("architecture") != architecture:
         raise LayerMissingError(
             f"the Lambda layer in {layer_dir} was staged for {staged.get('architecture') or 'an unknown platform'}, "
-            f"but ebb:architecture is {architecture}: run `{build}`")
+            f"but ebb:architecture is {architecture}: run `{build}`"
+        )
     if staged.get("python") != python:
         raise LayerMissingError(
             f"the Lambda layer in {layer_dir} was staged for Python {staged.get('python')}, but the functions run "
-            f"{python} (lambda_src/Dockerfile): run `{build}`")
+            f"{python} (lambda_src/Dockerfile): run `{build}`"
+        )
     return layer_dir
 
 
-def _acknowledge_role_findings(function: lambda_.Function, *, in_vpc: bool, traced: bool,
-                               reads_account_settings: bool) -> None:
+def _acknowledge_role_findings(
+    function: lambda_.Function, *, in_vpc: bool, traced: bool, reads_account_settings: bool
+) -> None:
     """The cdk-nag findings of a function role, each for a reason that holds for it."""
     role = function.role
-    managed = [("service-role/AWSLambdaBasicExecutionRole",
-                "The AWS-maintained minimum for writing the function's own log streams.")]
+    managed = [
+        (
+            "service-role/AWSLambdaBasicExecutionRole",
+            "The AWS-maintained minimum for writing the function's own log streams.",
+        )
+    ]
     if in_vpc:
-        managed.append(("service-role/AWSLambdaVPCAccessExecutionRole",
-                        ("The AWS-maintained minimum for Lambda's VPC network interfaces "
-                         "(EC2 ENI actions take no resource scope).")))
+        managed.append(
+            (
+                "service-role/AWSLambdaVPCAccessExecutionRole",
+                (
+                    "The AWS-maintained minimum for Lambda's VPC network interfaces "
+                    "(EC2 ENI actions take no resource scope)."
+                ),
+            )
+        )
     for policy, why in managed:
-        Validations.of(role).acknowledge(Acknowledgment(
-            id=f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{policy}]", reason=why))
-    unscoped = ([ "X-Ray's PutTraceSegments and PutTelemetryRecords (active tracing)"] if traced else []) + (
-        ["Lambda's GetAccountSettings (the account's concurrency, read by Validate)"] if reads_account_settings else [])
+        Validations.of(role).acknowledge(
+            Acknowledgment(id=f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{policy}]", reason=why)
+        )
+    unscoped = (["X-Ray's PutTraceSegments and PutTelemetryRecords (active tracing)"] if traced else []) + (
+        ["Lambda's GetAccountSettings (the account's concurrency, read by Validate)"] if reads_account_settings else []
+    )
     findings = [
         ("Action::s3:GetObject*", "CDK's bucket read grant: GetObject and its version and attribute variants."),
         ("Action::s3:GetBucket*", "CDK's bucket read grant: the bucket's location and metadata."),
         ("Action::s3:List*", "CDK's bucket read grant: listing the bucket (datasets, checkpoints)."),
-        ("Action::s3:DeleteObject*", ("CDK's delete grant, only where a function replaces what it wrote: old "
-                                      "checkpoints, signal payloads, a dataset's stale parts (ebb.ports.deployment).")),
+        (
+            "Action::s3:DeleteObject*",
+            (
+                "CDK's delete grant, only where a function replaces what it wrote: old "
+                "checkpoints, signal payloads, a dataset's stale parts (ebb.ports.deployment)."
+            ),
+        ),
         ("Action::s3:Abort*", "CDK's put grant: aborting its own multipart uploads (large checkpoints, datasets)."),
-        ("Action::kms:GenerateDataKey*", ("CDK's publish grant on an encrypted topic: data keys from the topics' "
-                                          "own KMS key, which encrypts nothing else.")),
+        (
+            "Action::kms:GenerateDataKey*",
+            (
+                "CDK's publish grant on an encrypted topic: data keys from the topics' "
+                "own KMS key, which encrypts nothing else."
+            ),
+        ),
     ]
     if unscoped:
         findings.append(("Resource::*", f"{' and '.join(unscoped)} take no resource scope."))

@@ -45,8 +45,10 @@ def image_python(lambda_src: Path) -> str:
     name, _, tag = base.partition(":")
     version = re.match(r"\d+\.\d+", tag)
     if name != BASE or version is None or version.group() not in GLIBC:
-        raise ImageError(f"lambda_src/Dockerfile: FROM {base} is not one of the Lambda Python base images "
-                         f"{BASE}:{{{','.join(GLIBC)}}}")
+        raise ImageError(
+            f"lambda_src/Dockerfile: FROM {base} is not one of the Lambda Python base images "
+            f"{BASE}:{{{','.join(GLIBC)}}}"
+        )
     return version.group()
 
 
@@ -68,8 +70,9 @@ def torch_pin(lambda_src: Path) -> str:
     return found.group(1)
 
 
-def wheel_resolution(lambda_src: Path, architecture: str, report_dir: Path,
-                     python: str | None = None) -> list[list[str]]:
+def wheel_resolution(
+    lambda_src: Path, architecture: str, report_dir: Path, python: str | None = None
+) -> list[list[str]]:
     """The pip dry runs that resolve every package of the image as wheels for exactly the base's
     Python and platform tags (a pin or a base without wheels fails them, as it would fail the
     image's build): torch alone, then requirements-image.txt with torch's CPU dependencies.
@@ -77,15 +80,44 @@ def wheel_resolution(lambda_src: Path, architecture: str, report_dir: Path,
     that another base fails)."""
     lambda_src = Path(lambda_src)
     python = python or image_python(lambda_src)
-    common = ["--dry-run", "--quiet", "--disable-pip-version-check", "--only-binary=:all:", "--python-version",
-              python, "--implementation", "cp", "--target", str(Path(report_dir) / "target")]
+    common = [
+        "--dry-run",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--only-binary=:all:",
+        "--python-version",
+        python,
+        "--implementation",
+        "cp",
+        "--target",
+        str(Path(report_dir) / "target"),
+    ]
     for platform in wheel_platforms(python, architecture):
         common += ["--platform", platform]
     return [
-        [sys.executable, "-m", "pip", "install", *common, "--no-deps", "--report", str(Path(report_dir) / "torch.json"),
-         f"torch=={torch_pin(lambda_src)}"],
-        [sys.executable, "-m", "pip", "install", *common, "--report", str(Path(report_dir) / "packages.json"),
-         "-r", str(lambda_src / "requirements-image.txt"), *TORCH_CPU_DEPENDENCIES],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            *common,
+            "--no-deps",
+            "--report",
+            str(Path(report_dir) / "torch.json"),
+            f"torch=={torch_pin(lambda_src)}",
+        ],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            *common,
+            "--report",
+            str(Path(report_dir) / "packages.json"),
+            "-r",
+            str(lambda_src / "requirements-image.txt"),
+            *TORCH_CPU_DEPENDENCIES,
+        ],
     ]
 
 

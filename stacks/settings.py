@@ -110,9 +110,12 @@ class Settings:
         the concurrency it may use and the Map mode that bounds its history."""
         worker, supervisor = self.functions["worker"], self.functions["supervisor"]
         return {
-            "worker_memory_mb": worker.memory_mb, "supervisor_memory_mb": supervisor.memory_mb,
-            "supervisor_timeout_s": supervisor.timeout_seconds, "arch": self.architecture,
-            "worker_reserved": worker.reserved_concurrency, "supervisor_reserved": supervisor.reserved_concurrency,
+            "worker_memory_mb": worker.memory_mb,
+            "supervisor_memory_mb": supervisor.memory_mb,
+            "supervisor_timeout_s": supervisor.timeout_seconds,
+            "arch": self.architecture,
+            "worker_reserved": worker.reserved_concurrency,
+            "supervisor_reserved": supervisor.reserved_concurrency,
             "map": "distributed" if self.max_workers > names.INLINE_MAP_LIMIT else "inline",
             "cache_node_type": self.cache_node_type if self.cache_mode == "nodes" else None,
             "cache_nodes": self.cache_shards * (1 + self.cache_replicas) if self.cache_mode == "nodes" else 0,
@@ -126,18 +129,42 @@ class Settings:
             raise SettingsError(
                 f"ebb:workerReservedConcurrency ({worker.reserved_concurrency}) is below ebb:maxWorkers "
                 f"({self.max_workers}): a round's workers meet at a barrier every step, so all of them "
-                "must be able to run at once; raise it or leave it null")
+                "must be able to run at once; raise it or leave it null"
+            )
         if self.functions["supervisor"].timeout_seconds > worker.timeout_seconds:
             raise SettingsError(
                 f"ebb:supervisorTimeoutSeconds ({self.functions['supervisor'].timeout_seconds}) exceeds "
                 f"ebb:workerTimeoutSeconds ({worker.timeout_seconds}): a round lasts the supervisor's timeout less a "
                 "margin, and a worker stopped by its own timeout before the round ends fails the job; "
-                "give the workers at least the supervisor's timeout")
+                "give the workers at least the supervisor's timeout"
+            )
 
 
 # The values CloudWatch Logs accepts for a retention period.
-_LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192,
-                       2557, 2922, 3288, 3653)
+_LOG_RETENTION_DAYS = (
+    1,
+    3,
+    5,
+    7,
+    14,
+    30,
+    60,
+    90,
+    120,
+    150,
+    180,
+    365,
+    400,
+    545,
+    731,
+    1096,
+    1827,
+    2192,
+    2557,
+    2922,
+    3288,
+    3653,
+)
 # CDK's enum lists the same periods in the same order, then INFINITE.
 _RETENTION = dict(zip(_LOG_RETENTION_DAYS, [r for r in logs.RetentionDays if r.name != "INFINITE"], strict=True))
 
@@ -149,8 +176,9 @@ class _Reader:
     def _raw(self, key: str) -> Any:
         value = self._get(key)
         if value is None and key not in _NULLABLE:
-            raise SettingsError(f"context key {key} is missing: set it in cdk.json (see docs/AWS.md) "
-                                f"or pass -c {key}=...")
+            raise SettingsError(
+                f"context key {key} is missing: set it in cdk.json (see docs/AWS.md) or pass -c {key}=..."
+            )
         return value
 
     def integer(self, key: str, low: int, high: int, optional: bool = False) -> int | None:
@@ -167,8 +195,9 @@ class _Reader:
         if value is None:
             if optional:
                 return None
-            raise SettingsError(f"context key {key} is missing: set it in cdk.json (see docs/AWS.md) "
-                                f"or pass -c {key}=...")
+            raise SettingsError(
+                f"context key {key} is missing: set it in cdk.json (see docs/AWS.md) or pass -c {key}=..."
+            )
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise SettingsError(f"{key} must be an integer in [{low}, {high}], got {value!r}")
         return value
@@ -190,8 +219,10 @@ class _Reader:
     def choice_int(self, key: str, allowed: tuple[int, ...]) -> int:
         value = self.integer(key, min(allowed), max(allowed))
         if value not in allowed:
-            raise SettingsError(f"{key} must be one of the retention periods CloudWatch Logs accepts "
-                                f"({', '.join(map(str, allowed))}), got {value}")
+            raise SettingsError(
+                f"{key} must be one of the retention periods CloudWatch Logs accepts "
+                f"({', '.join(map(str, allowed))}), got {value}"
+            )
         return value
 
     def names(self, key: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
@@ -207,7 +238,8 @@ class _Reader:
         if not isinstance(value, str) or not _STACK_NAME.fullmatch(value) or value.endswith("-"):
             raise SettingsError(
                 f"{key} must be 1-32 letters, digits and single hyphens, starting with a letter and not ending "
-                f"with a hyphen (it prefixes queue and cache names), got {value!r}")
+                f"with a hyphen (it prefixes queue and cache names), got {value!r}"
+            )
         return value
 
     def bucket_name(self, key: str) -> str | None:
@@ -215,8 +247,10 @@ class _Reader:
         if value is None or (isinstance(value, str) and value.strip().lower() in ("", "null", "none")):
             return None
         if not isinstance(value, str) or not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", value):
-            raise SettingsError(f"{key} must be an S3 bucket name (3-63 lowercase letters, digits, dots and "
-                                f"hyphens) or null, got {value!r}")
+            raise SettingsError(
+                f"{key} must be an S3 bucket name (3-63 lowercase letters, digits, dots and "
+                f"hyphens) or null, got {value!r}"
+            )
         return value
 
     def node_type(self, key: str) -> str:

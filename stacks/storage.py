@@ -20,8 +20,16 @@ from ebb.ports.deployment import CHECKPOINTS, SCRATCH
 class Storage(Construct):
     """Encrypted, SSL-only, versioned buckets; nothing public. Checkpoints and scratch expire."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, retain: bool, existing_bucket_name: str | None,
-                 checkpoint_expiry_days: int, scratch_expiry_days: int) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        retain: bool,
+        existing_bucket_name: str | None,
+        checkpoint_expiry_days: int,
+        scratch_expiry_days: int,
+    ) -> None:
         super().__init__(scope, construct_id)
         self.access_logs: s3.IBucket | None = None
         if existing_bucket_name:
@@ -37,13 +45,20 @@ class Storage(Construct):
             "auto_delete_objects": not retain,
         }
         self.access_logs = s3.Bucket(
-            self, "AccessLogs", **common,
+            self,
+            "AccessLogs",
+            **common,
             lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(90))],
         )
-        Validations.of(self.access_logs).acknowledge(Acknowledgment(
-            id="AwsSolutions-S1", reason="This is the access-log bucket itself; logging it into itself would loop."))
+        Validations.of(self.access_logs).acknowledge(
+            Acknowledgment(
+                id="AwsSolutions-S1", reason="This is the access-log bucket itself; logging it into itself would loop."
+            )
+        )
         self.data = s3.Bucket(
-            self, "Data", **common,
+            self,
+            "Data",
+            **common,
             versioned=True,
             server_access_logs_bucket=self.access_logs,
             server_access_logs_prefix="data/",
@@ -52,15 +67,21 @@ class Storage(Construct):
                 # A finished job needs its checkpoints no more (finalize has merged the replicas);
                 # a failed one can be resumed for a while. Versioning keeps each old checkpoint
                 # object as a noncurrent version: expire those quickly too, they are large.
-                s3.LifecycleRule(id="Checkpoints", prefix=CHECKPOINTS,
-                                 expiration=Duration.days(checkpoint_expiry_days),
-                                 noncurrent_version_expiration=Duration.days(1),
-                                 abort_incomplete_multipart_upload_after=Duration.days(1)),
+                s3.LifecycleRule(
+                    id="Checkpoints",
+                    prefix=CHECKPOINTS,
+                    expiration=Duration.days(checkpoint_expiry_days),
+                    noncurrent_version_expiration=Duration.days(1),
+                    abort_incomplete_multipart_upload_after=Duration.days(1),
+                ),
                 # Signal payloads sent by pointer live for one step.
-                s3.LifecycleRule(id="Scratch", prefix=SCRATCH,
-                                 expiration=Duration.days(scratch_expiry_days),
-                                 noncurrent_version_expiration=Duration.days(1),
-                                 abort_incomplete_multipart_upload_after=Duration.days(1)),
+                s3.LifecycleRule(
+                    id="Scratch",
+                    prefix=SCRATCH,
+                    expiration=Duration.days(scratch_expiry_days),
+                    noncurrent_version_expiration=Duration.days(1),
+                    abort_incomplete_multipart_upload_after=Duration.days(1),
+                ),
                 s3.LifecycleRule(id="ExpiredDeleteMarkers", expired_object_delete_marker=True),
             ],
         )

@@ -44,9 +44,14 @@ from constructs import Construct
 
 from ebb.ports import deployment as names
 from ebb.ports.deployment import INLINE_MAP_LIMIT
+
 # Retried with backoff: Lambda's own failures and throttles, never a handler's error.
-LAMBDA_SERVICE_ERRORS = ["Lambda.ServiceException", "Lambda.AWSLambdaException",
-                         "Lambda.SdkClientException", "Lambda.TooManyRequestsException"]
+LAMBDA_SERVICE_ERRORS = [
+    "Lambda.ServiceException",
+    "Lambda.AWSLambdaException",
+    "Lambda.SdkClientException",
+    "Lambda.TooManyRequestsException",
+]
 _JOB = {"job_id.$": "$.job_id", "spec_key.$": "$.spec_key"}
 _SUPERVISOR_RESULT = ("status", "round", "workers", "steps", "stop_reason")
 
@@ -54,13 +59,21 @@ _SUPERVISOR_RESULT = ("status", "round", "workers", "steps", "stop_reason")
 class Workflow(Construct):
     """The state machine; `state_machine` and `map_state` after construction."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, functions: dict[str, lambda_.IFunction],
-                 max_workers: int, log_retention: logs.RetentionDays,
-                 removal_policy: RemovalPolicy) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        functions: dict[str, lambda_.IFunction],
+        max_workers: int,
+        log_retention: logs.RetentionDays,
+        removal_policy: RemovalPolicy,
+    ) -> None:
         super().__init__(scope, construct_id)
         fail = sfn.Fail(self, "JobFailed", error_path="$.error.Error", cause_path="$.error.Cause")
-        on_failure = self._invoke(names.ON_FAILURE, functions["onFailure"], sfn.TaskInput.from_json_path_at("$"),
-                                  result_path="$.report")
+        on_failure = self._invoke(
+            names.ON_FAILURE, functions["onFailure"], sfn.TaskInput.from_json_path_at("$"), result_path="$.report"
+        )
         # If OnFailure itself fails, the execution still fails with the original error (its own
         # error goes to $.on_failure_error, beside it in the history).
         on_failure.add_catch(fail, errors=["States.ALL"], result_path="$.on_failure_error")
@@ -69,61 +82,97 @@ class Workflow(Construct):
         def failed(state_name: str, *, before_validate: bool = False) -> sfn.Pass:
             """What OnFailure gets when `state_name` fails; before Validate there is no job_id yet."""
             fields = {} if before_validate else dict(_JOB)
-            return sfn.Pass(self, f"{state_name}Failed", parameters={
-                **fields, "failed_state": state_name, "error.$": "$.error"}).next(on_failure)
+            return sfn.Pass(
+                self, f"{state_name}Failed", parameters={**fields, "failed_state": state_name, "error.$": "$.error"}
+            ).next(on_failure)
 
-        validate = self._invoke(names.VALIDATE, functions["validate"], sfn.TaskInput.from_object(
-            {"spec.$": "$", "execution.$": "$$.Execution.Name"}), output_path="$.Payload")
+        validate = self._invoke(
+            names.VALIDATE,
+            functions["validate"],
+            sfn.TaskInput.from_object({"spec.$": "$", "execution.$": "$$.Execution.Name"}),
+            output_path="$.Payload",
+        )
         validate.add_catch(failed(names.VALIDATE, before_validate=True), errors=["States.ALL"], result_path="$.error")
 
-        prepare = self._invoke(names.PREPARE, functions["prepare"], sfn.TaskInput.from_object(dict(_JOB)),
-                               result_path=sfn.JsonPath.DISCARD)
+        prepare = self._invoke(
+            names.PREPARE, functions["prepare"], sfn.TaskInput.from_object(dict(_JOB)), result_path=sfn.JsonPath.DISCARD
+        )
         prepare.add_catch(failed(names.PREPARE), errors=["States.ALL"], result_path="$.error")
 
         supervisor = self._invoke(
-            names.SUPERVISOR_STATE, functions["supervisor"],
+            names.SUPERVISOR_STATE,
+            functions["supervisor"],
             sfn.TaskInput.from_object({**_JOB, "round.$": "$.round"}),
             result_selector={key + ".$": f"$.Payload.{key}" for key in _SUPERVISOR_RESULT},
-            result_path="$.supervisor")
+            result_path="$.supervisor",
+        )
         worker = self._invoke(names.WORKER_STATE, functions["worker"], sfn.TaskInput.from_json_path_at("$"))
         worker_input = {**_JOB, "round.$": "$.round", "worker.$": "$$.Map.Item.Value"}
         if max_workers > INLINE_MAP_LIMIT:
             self.map_state = sfn.DistributedMap(
-                self, names.WORKERS_STATE, items_path="$.workers", item_selector=worker_input,
-                map_execution_type=sfn.StateMachineType.STANDARD, result_path=sfn.JsonPath.DISCARD)
+                self,
+                names.WORKERS_STATE,
+                items_path="$.workers",
+                item_selector=worker_input,
+                map_execution_type=sfn.StateMachineType.STANDARD,
+                result_path=sfn.JsonPath.DISCARD,
+            )
         else:
             self.map_state = _UnlimitedMap(
-                self, names.WORKERS_STATE, items_path="$.workers", item_selector=worker_input,
-                result_path=sfn.JsonPath.DISCARD)
+                self,
+                names.WORKERS_STATE,
+                items_path="$.workers",
+                item_selector=worker_input,
+                result_path=sfn.JsonPath.DISCARD,
+            )
         self.map_state.item_processor(worker)
 
         # Branch 0 ends with the next state, flat: job_id, spec_key and the supervisor's result.
-        next_state = sfn.Pass(self, "NextRound", parameters={
-            **_JOB, **{key + ".$": f"$.supervisor.{key}" for key in _SUPERVISOR_RESULT}})
+        next_state = sfn.Pass(
+            self, "NextRound", parameters={**_JOB, **{key + ".$": f"$.supervisor.{key}" for key in _SUPERVISOR_RESULT}}
+        )
         round_state = sfn.Parallel(self, names.ROUND, output_path="$[0]")
         round_state.branch(supervisor.next(next_state))
         round_state.branch(self.map_state)
         round_state.add_catch(failed(names.ROUND), errors=["States.ALL"], result_path="$.error")
 
-        finalize = self._invoke(names.FINALIZE, functions["finalize"], sfn.TaskInput.from_object(dict(_JOB)),
-                                result_selector={"status.$": "$.Payload.status",
-                                                 "report_key.$": "$.Payload.report_key",
-                                                 "model_key.$": "$.Payload.model_key"},
-                                result_path="$.report")
+        finalize = self._invoke(
+            names.FINALIZE,
+            functions["finalize"],
+            sfn.TaskInput.from_object(dict(_JOB)),
+            result_selector={
+                "status.$": "$.Payload.status",
+                "report_key.$": "$.Payload.report_key",
+                "model_key.$": "$.Payload.model_key",
+            },
+            result_path="$.report",
+        )
         finalize.add_catch(failed(names.FINALIZE), errors=["States.ALL"], result_path="$.error")
         finalize.next(sfn.Succeed(self, "Done"))
 
-        next_round = sfn.Choice(self, "Unfinished?").when(
-            sfn.Condition.string_equals("$.status", "unfinished"), round_state).otherwise(finalize)
+        next_round = (
+            sfn.Choice(self, "Unfinished?")
+            .when(sfn.Condition.string_equals("$.status", "unfinished"), round_state)
+            .otherwise(finalize)
+        )
         round_state.next(next_round)
-        needs_prepare = sfn.Choice(self, "Prepare?").when(
-            sfn.Condition.boolean_equals("$.prepare", True), prepare.next(round_state)).otherwise(round_state)
+        needs_prepare = (
+            sfn.Choice(self, "Prepare?")
+            .when(sfn.Condition.boolean_equals("$.prepare", True), prepare.next(round_state))
+            .otherwise(round_state)
+        )
 
         stack = Stack.of(self)
-        log_group = logs.LogGroup(self, "ExecutionLogs", log_group_name=execution_log_group_name(stack.stack_name),
-                                  retention=log_retention, removal_policy=removal_policy)
+        log_group = logs.LogGroup(
+            self,
+            "ExecutionLogs",
+            log_group_name=execution_log_group_name(stack.stack_name),
+            retention=log_retention,
+            removal_policy=removal_policy,
+        )
         self.state_machine = sfn.StateMachine(
-            self, "StateMachine",
+            self,
+            "StateMachine",
             definition_body=sfn.DefinitionBody.from_chainable(validate.next(needs_prepare)),
             state_machine_type=sfn.StateMachineType.STANDARD,
             tracing_enabled=True,
@@ -133,50 +182,83 @@ class Workflow(Construct):
         self.stopped_rule = self._on_stopped(functions["onFailure"])
 
         for function in functions.values():
-            Validations.of(self.state_machine).acknowledge(Acknowledgment(
-                id=f"AwsSolutions-IAM5[Resource::<{stack.get_logical_id(function.node.default_child)}.Arn>:*]",
-                reason="CDK's invoke grant covers the function's versions and aliases (ARN:qualifier); "
-                       "the functions are this stack's own."))
+            Validations.of(self.state_machine).acknowledge(
+                Acknowledgment(
+                    id=f"AwsSolutions-IAM5[Resource::<{stack.get_logical_id(function.node.default_child)}.Arn>:*]",
+                    reason="CDK's invoke grant covers the function's versions and aliases (ARN:qualifier); "
+                    "the functions are this stack's own.",
+                )
+            )
         distributed_policy = self.state_machine.node.try_find_child("DistributedMapPolicy")
         if distributed_policy is not None:
             # cdk-nag spells the execution ARNs out with this machine's logical id, and with the
             # partition, region and account as literals where the stack's environment names them.
             machine = stack.get_logical_id(self.state_machine.node.default_child)
             name = '{"Fn::Select":[6,{"Fn::Split":[":",{"Ref":"' + machine + '"}]}]}'
-            executions = (f"arn:{_nag(stack.partition, 'AWS::Partition')}:states:{_nag(stack.region, 'AWS::Region')}:"
-                          f"{_nag(stack.account, 'AWS::AccountId')}:execution:{name}")
+            executions = (
+                f"arn:{_nag(stack.partition, 'AWS::Partition')}:states:{_nag(stack.region, 'AWS::Region')}:"
+                f"{_nag(stack.account, 'AWS::AccountId')}:execution:{name}"
+            )
             for suffix in (":*", "/*:*"):
-                Validations.of(distributed_policy).acknowledge(Acknowledgment(
-                    id=f"AwsSolutions-IAM5[Resource::{executions}{suffix}]",
-                    reason="Distributed Map: the state machine describes and stops its own child executions, "
-                           "whose ARNs exist only at run time."))
-        Validations.of(self.state_machine).acknowledge(Acknowledgment(
-            id="AwsSolutions-IAM5[Resource::*]",
-            reason="X-Ray's PutTraceSegments/PutTelemetryRecords and CloudWatch Logs' vended log delivery actions "
-                   "(CreateLogDelivery, PutResourcePolicy, ...) accept no resource scope."))
+                Validations.of(distributed_policy).acknowledge(
+                    Acknowledgment(
+                        id=f"AwsSolutions-IAM5[Resource::{executions}{suffix}]",
+                        reason="Distributed Map: the state machine describes and stops its own child executions, "
+                        "whose ARNs exist only at run time.",
+                    )
+                )
+        Validations.of(self.state_machine).acknowledge(
+            Acknowledgment(
+                id="AwsSolutions-IAM5[Resource::*]",
+                reason="X-Ray's PutTraceSegments/PutTelemetryRecords and CloudWatch Logs' vended log delivery actions "
+                "(CreateLogDelivery, PutResourcePolicy, ...) accept no resource scope.",
+            )
+        )
 
     def _on_stopped(self, on_failure: lambda_.IFunction) -> events.Rule:
         """An execution stopped by hand (ABORTED) or past its timeout (TIMED_OUT) runs no Catch:
         this rule hands it to OnFailure, whose abort marker stops the invocations still running
         and whose report and event say so (docs/AWS.md, "Abort")."""
         rule = events.Rule(
-            self, "ExecutionStopped",
+            self,
+            "ExecutionStopped",
             description="An Ebb execution that was stopped or timed out: OnFailure stops its job",
             event_pattern=events.EventPattern(
-                source=["aws.states"], detail_type=["Step Functions Execution Status Change"],
-                detail={"stateMachineArn": [self.state_machine.state_machine_arn], "status": ["ABORTED", "TIMED_OUT"]}))
-        rule.add_target(targets.LambdaFunction(on_failure, retry_attempts=4, event=events.RuleTargetInput.from_object({
-            "job_id": events.EventField.from_path("$.detail.name"),
-            "failed_state": names.EXECUTION,
-            "error": {"Error": events.EventField.from_path("$.detail.status"),
-                      "Cause": "the execution ended before its job did (stopped by hand, or past its timeout)"}})))
+                source=["aws.states"],
+                detail_type=["Step Functions Execution Status Change"],
+                detail={"stateMachineArn": [self.state_machine.state_machine_arn], "status": ["ABORTED", "TIMED_OUT"]},
+            ),
+        )
+        rule.add_target(
+            targets.LambdaFunction(
+                on_failure,
+                retry_attempts=4,
+                event=events.RuleTargetInput.from_object(
+                    {
+                        "job_id": events.EventField.from_path("$.detail.name"),
+                        "failed_state": names.EXECUTION,
+                        "error": {
+                            "Error": events.EventField.from_path("$.detail.status"),
+                            "Cause": "the execution ended before its job did (stopped by hand, or past its timeout)",
+                        },
+                    }
+                ),
+            )
+        )
         return rule
 
     def _invoke(self, name: str, function: lambda_.IFunction, payload: sfn.TaskInput, **kwargs) -> tasks.LambdaInvoke:
-        task = tasks.LambdaInvoke(self, name, lambda_function=function, payload=payload,
-                                  retry_on_service_exceptions=False, **kwargs)
-        task.add_retry(errors=LAMBDA_SERVICE_ERRORS, interval=Duration.seconds(2), max_attempts=6,
-                       backoff_rate=2, max_delay=Duration.seconds(60), jitter_strategy=sfn.JitterType.FULL)
+        task = tasks.LambdaInvoke(
+            self, name, lambda_function=function, payload=payload, retry_on_service_exceptions=False, **kwargs
+        )
+        task.add_retry(
+            errors=LAMBDA_SERVICE_ERRORS,
+            interval=Duration.seconds(2),
+            max_attempts=6,
+            backoff_rate=2,
+            max_delay=Duration.seconds(60),
+            jitter_strategy=sfn.JitterType.FULL,
+        )
         return task
 
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
-import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,42 +16,11 @@ from ebb.stores.local import FolderObjectStore
 torch.set_num_threads(1)
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
-# Test layers (`pytest -m unit | integration | infra`; README "Tests"). Infrastructure
-# tests live in tests/infra and mark themselves. Integration tests start real processes: a
-# redis-server, worker processes, a moto_server, the `ebb` command. Whole modules of them
-# are named here; elsewhere a test is integration when it asks for a service fixture.
-INTEGRATION_MODULES = {
-    "test_aws_cli", "test_aws_handlers", "test_early_stopping", "test_elasticache", "test_faults",
-    "test_quality", "test_rounds", "test_s3_cli", "test_scaling", "test_signal_channels", "test_spec_cli",
-}
-SERVICE_FIXTURES = {"redis_server", "redis_url", "moto_server", "moto_env", "moto_s3"}
 
-
+# Test layers (`pytest -m unit | integration | infra`; README "Tests"): a test's folder is its layer.
 def pytest_collection_modifyitems(items):
     for item in items:
-        if item.get_closest_marker("infra"):
-            continue
-        module = item.module.__name__.rsplit(".", 1)[-1]
-        service = SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ()))
-        item.add_marker(pytest.mark.integration if module in INTEGRATION_MODULES or service else pytest.mark.unit)
-
-
-@pytest.fixture(scope="session")
-def native_library(tmp_path_factory):
-    """The compiled kernels (ebb.native), built once per session into a temporary folder
-    with the machine's C compiler, whatever the checkout holds; loaded even under EBB_NATIVE=0."""
-    if not (shutil.which("cc") or shutil.which("gcc")):
-        pytest.skip("no C compiler")
-    from ebb import native
-    from ebb.native.build import build
-
-    path = build(tmp_path_factory.mktemp("native") / "_kernels.so")
-    with pytest.MonkeyPatch.context() as env:
-        env.delenv("EBB_NATIVE", raising=False)
-        lib = native._load(path)
-    assert lib is not None
-    lib.ebb_set_simd.restype = ctypes.c_int
-    return lib
+        item.add_marker(getattr(pytest.mark, Path(str(item.fspath)).parent.name))
 
 
 @pytest.fixture(scope="session")
@@ -72,8 +40,15 @@ def small_ratings(tmp_path_factory):
     """A prepared planted-rank ratings dataset small enough for engine tests (and its meta)."""
     root = tmp_path_factory.mktemp("ratings")
     meta = synth_ratings(root / "ratings.csv", users=300, items=200, ratings=24_000, rank=5, noise=0.3, seed=7)
-    prepare_dataset("movielens", root / "ratings.csv", FolderObjectStore(root / "prepared"), batch_size=1000,
-                    test_fraction=0.1, seed=1, val_fraction=0.0)
+    prepare_dataset(
+        "movielens",
+        root / "ratings.csv",
+        FolderObjectStore(root / "prepared"),
+        batch_size=1000,
+        test_fraction=0.1,
+        seed=1,
+        val_fraction=0.0,
+    )
     return str(root / "prepared"), meta
 
 
@@ -81,8 +56,15 @@ def small_ratings(tmp_path_factory):
 def small_logistic(tmp_path_factory):
     root = tmp_path_factory.mktemp("logistic")
     meta = synth_logistic(root / "data.svm", rows=20_000, features=300, nnz=10, seed=3)
-    prepare_dataset("libsvm", root / "data.svm", FolderObjectStore(root / "prepared"), batch_size=1000,
-                    test_fraction=0.2, seed=1, val_fraction=0.0)
+    prepare_dataset(
+        "libsvm",
+        root / "data.svm",
+        FolderObjectStore(root / "prepared"),
+        batch_size=1000,
+        test_fraction=0.2,
+        seed=1,
+        val_fraction=0.0,
+    )
     return str(root / "prepared"), meta
 
 
@@ -96,7 +78,7 @@ def moto_server():
     """URL (``http://127.0.0.1:PORT``) of a ``moto_server`` process shared by the session, for
     every AWS service; stopped by pid at the end. Each test should use its own bucket/queue
     names (``aws_helpers.unique_bucket``); the server is never reset."""
-    from aws_helpers import MotoServer
+    from tests.helpers.aws import MotoServer
 
     with MotoServer() as server:
         yield server.url
@@ -107,7 +89,7 @@ def moto_env(moto_server) -> dict[str, str]:
     """Environment for a subprocess whose boto3 must reach only ``moto_server``: the current
     environment without any ``AWS_*``, plus ``AWS_ENDPOINT_URL``, fake keys and a region.
     A fresh dict per test, free to modify."""
-    from aws_helpers import aws_env
+    from tests.helpers.aws import aws_env
 
     return aws_env(moto_server)
 
@@ -115,7 +97,7 @@ def moto_env(moto_server) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def moto_s3(moto_server):
     """A boto3 S3 client on ``moto_server``, for a test's own set-up and checks."""
-    from aws_helpers import server_client
+    from tests.helpers.aws import server_client
 
     return server_client(moto_server, "s3")
 
@@ -125,8 +107,12 @@ def aws_mock(monkeypatch):
     """moto in-process (``mock_aws``), with the fake credentials and region boto3 needs."""
     from moto import mock_aws
 
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(name, value)
     with mock_aws():
         yield

@@ -46,27 +46,52 @@ class ModelEntry:
     adam_lr: float | None = None  # hyper.lr when unset and the optimiser is Adam (not the SGD default)
 
 
-CATALOGUE: Mapping[str, ModelEntry] = MappingProxyType({
-    "pmf": ModelEntry(
-        name="pmf", data="ratings", reads="MovieLens ratings",
-        hyper=MappingProxyType({"rank": 20, "lr": 0.02, "momentum": 0.8, "l2": 0.1, "init_std": 0.1,
-                                "lr_decay": 0.95}),
-        optimizer="sgd_momentum", optimizers=("sgd_momentum", "adam"), adam_lr=0.03,
-        combine="mean", significance=0.4, max_epochs_without_val=30,
-        loss_name="rmse", metric_names=("rmse",)),
-    "sparse_lr": ModelEntry(
-        name="sparse_lr", data="sparse", reads="Criteo, LibSVM",
-        hyper=MappingProxyType({"lr": 0.01, "l2": 3e-5, "lr_decay": 1.0}),
-        optimizer="adam", optimizers=("adam",),
-        combine="sum", significance=0.2, max_epochs_without_val=5,
-        loss_name="logloss", metric_names=("logloss", "accuracy", "auc")),
-    "lr": ModelEntry(
-        name="lr", data="dense", reads="dense CSV",
-        hyper=MappingProxyType({"lr": 0.05, "l2": 1e-5, "lr_decay": 1.0}),
-        optimizer="adam", optimizers=("adam",),
-        combine="mean", significance=0.7, max_epochs_without_val=10,
-        loss_name="logloss", metric_names=("logloss", "accuracy", "auc")),
-})
+CATALOGUE: Mapping[str, ModelEntry] = MappingProxyType(
+    {
+        "pmf": ModelEntry(
+            name="pmf",
+            data="ratings",
+            reads="MovieLens ratings",
+            hyper=MappingProxyType(
+                {"rank": 20, "lr": 0.02, "momentum": 0.8, "l2": 0.1, "init_std": 0.1, "lr_decay": 0.95}
+            ),
+            optimizer="sgd_momentum",
+            optimizers=("sgd_momentum", "adam"),
+            adam_lr=0.03,
+            combine="mean",
+            significance=0.4,
+            max_epochs_without_val=30,
+            loss_name="rmse",
+            metric_names=("rmse",),
+        ),
+        "sparse_lr": ModelEntry(
+            name="sparse_lr",
+            data="sparse",
+            reads="Criteo, LibSVM",
+            hyper=MappingProxyType({"lr": 0.01, "l2": 3e-5, "lr_decay": 1.0}),
+            optimizer="adam",
+            optimizers=("adam",),
+            combine="sum",
+            significance=0.2,
+            max_epochs_without_val=5,
+            loss_name="logloss",
+            metric_names=("logloss", "accuracy", "auc"),
+        ),
+        "lr": ModelEntry(
+            name="lr",
+            data="dense",
+            reads="dense CSV",
+            hyper=MappingProxyType({"lr": 0.05, "l2": 1e-5, "lr_decay": 1.0}),
+            optimizer="adam",
+            optimizers=("adam",),
+            combine="mean",
+            significance=0.7,
+            max_epochs_without_val=10,
+            loss_name="logloss",
+            metric_names=("logloss", "accuracy", "auc"),
+        ),
+    }
+)
 MODEL_NAMES: tuple[str, ...] = tuple(CATALOGUE)
 
 

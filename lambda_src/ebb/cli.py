@@ -156,8 +156,7 @@ def _train_spec(args):
         from ebb.ports.keys import SPEC_KEY
         from ebb.stores import join_location, open_object_store
 
-        named = [f.option for f in flags if overrides[f.field] is not None] + [
-            f"--set {a}" for a in args.assignments]
+        named = [f.option for f in flags if overrides[f.field] is not None] + [f"--set {a}" for a in args.assignments]
         if args.job or named:
             extra = named[0] if named else f"the job file {args.job}"
             print(f"ebb train: --resume continues a job exactly as it started: drop {extra}", file=sys.stderr)
@@ -265,9 +264,18 @@ def cmd_synth(args) -> int:
 def _prepare_flags():
     from ebb.flags import Flag
 
-    return (Flag("format"), Flag("input", metavar="FILE"), Flag("test_input", metavar="FILE"), Flag("batch_size"),
-            Flag("test_fraction"), Flag("val_fraction"), Flag("seed"), Flag("skip_bad_rows"), Flag("num_features"),
-            Flag("numeric_scaling"))
+    return (
+        Flag("format"),
+        Flag("input", metavar="FILE"),
+        Flag("test_input", metavar="FILE"),
+        Flag("batch_size"),
+        Flag("test_fraction"),
+        Flag("val_fraction"),
+        Flag("seed"),
+        Flag("skip_bad_rows"),
+        Flag("num_features"),
+        Flag("numeric_scaling"),
+    )
 
 
 def _add_prepare(sub) -> None:
@@ -436,9 +444,8 @@ def _aws_errors(fn):
 @_aws_errors
 def cmd_submit(args) -> int:
     from ebb.deployed import Deployment, Execution, watch
-    from ebb.spec import SpecError, load_spec
-
     from ebb.flags import given
+    from ebb.spec import SpecError, load_spec
 
     try:
         spec = load_spec(args.job, given(args, _spec_flags(args)), args.assignments)
@@ -467,8 +474,11 @@ def cmd_report(args) -> int:
         try:
             report = json.loads((Path(args.execution) / "report.json").read_text())
         except (OSError, ValueError) as exc:
-            print(f"ebb report: {args.execution} holds no readable report.json ({type(exc).__name__}): the run has "
-                  "not finished, or the folder is not a run's", file=sys.stderr)
+            print(
+                f"ebb report: {args.execution} holds no readable report.json ({type(exc).__name__}): the run has "
+                "not finished, or the folder is not a run's",
+                file=sys.stderr,
+            )
             return 2
         _print_summary(report, args.execution)
         return 0 if report["status"] != "failed" else 1

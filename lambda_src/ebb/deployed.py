@@ -10,22 +10,29 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import dataclass
-from datetime import datetime, UTC
-from pathlib import Path
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 
 from ebb.ports import deployment as names
 from ebb.ports.keys import MANIFEST_KEY, PROGRESS_KEY, REPORT_KEY
-from ebb.spec import JobSpec
 from ebb.ports.objects import is_s3
+from ebb.spec import JobSpec
 from ebb.stores import open_object_store
 
 OUTPUTS = (names.STATE_MACHINE_OUTPUT, names.BUCKET_OUTPUT)
 DONE = {"SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED"}
 # Errors of the caller's credentials, whatever the call.
-_CREDENTIAL_CODES = {"ExpiredToken", "ExpiredTokenException", "InvalidClientTokenId", "UnrecognizedClientException",
-                     "SignatureDoesNotMatch", "InvalidAccessKeyId", "RequestExpired"}
+_CREDENTIAL_CODES = {
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "InvalidClientTokenId",
+    "UnrecognizedClientException",
+    "SignatureDoesNotMatch",
+    "InvalidAccessKeyId",
+    "RequestExpired",
+}
 
 
 class DeploymentError(RuntimeError):
@@ -41,15 +48,25 @@ def _session():
 def configuration_problem(exc: BaseException) -> str | None:
     """One line saying what to set, when `exc` comes from the caller's AWS configuration (no
     region, no or stale credentials, an endpoint out of reach); else None."""
-    from botocore.exceptions import (ClientError, EndpointConnectionError, NoCredentialsError, NoRegionError,
-                                     PartialCredentialsError, TokenRetrievalError)
+    from botocore.exceptions import (
+        ClientError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        NoRegionError,
+        PartialCredentialsError,
+        TokenRetrievalError,
+    )
 
     if isinstance(exc, NoRegionError):
-        return ("no AWS region: set AWS_DEFAULT_REGION (or AWS_PROFILE with a region, or region in ~/.aws/config) "
-                "to the region the stack is deployed in")
+        return (
+            "no AWS region: set AWS_DEFAULT_REGION (or AWS_PROFILE with a region, or region in ~/.aws/config) "
+            "to the region the stack is deployed in"
+        )
     if isinstance(exc, NoCredentialsError | PartialCredentialsError | TokenRetrievalError):
-        return (f"no usable AWS credentials ({exc}): set AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
-                "AWS_SECRET_ACCESS_KEY (`aws configure`, or `aws sso login` for a profile)")
+        return (
+            f"no usable AWS credentials ({exc}): set AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY (`aws configure`, or `aws sso login` for a profile)"
+        )
     if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in _CREDENTIAL_CODES:
         code = exc.response["Error"]["Code"]
         return f"AWS refused the credentials ({code}): refresh them (`aws sso login`, or new keys) or set AWS_PROFILE"
@@ -79,7 +96,8 @@ class Deployment:
             if isinstance(exc, ClientError) and "does not exist" in exc.response["Error"].get("Message", ""):
                 raise DeploymentError(
                     f"stack {stack} does not exist in {cfn.meta.region_name}: deploy it (`npx cdk deploy`), pass "
-                    "--stack NAME (or set EBB_STACK), or set AWS_DEFAULT_REGION to the stack's region") from None
+                    "--stack NAME (or set EBB_STACK), or set AWS_DEFAULT_REGION to the stack's region"
+                ) from None
             raise DeploymentError(f"stack {stack}: {exc}") from None
         outputs = {o["OutputKey"]: o["OutputValue"] for o in found[0].get("Outputs", [])}
         missing = [k for k in OUTPUTS if k not in outputs]
@@ -97,8 +115,9 @@ class Deployment:
         try:
             manifest = local.get(MANIFEST_KEY)
         except KeyError:
-            raise DeploymentError(f"data: {folder} has no {MANIFEST_KEY}; prepare it first with `ebb prepare`"
-                                  ) from None
+            raise DeploymentError(
+                f"data: {folder} has no {MANIFEST_KEY}; prepare it first with `ebb prepare`"
+            ) from None
         digest = hashlib.sha256(manifest).hexdigest()[:12]
         location = f"s3://{self.bucket}/{names.DATASETS}{Path(folder).resolve().name}-{digest}"
         remote = open_object_store(location)
@@ -135,8 +154,7 @@ class Deployment:
 
 def console_link(execution_arn: str) -> str:
     region = execution_arn.split(":")[3]
-    return (f"https://{region}.console.aws.amazon.com/states/home?region={region}"
-            f"#/v2/executions/details/{execution_arn}")
+    return f"https://{region}.console.aws.amazon.com/states/home?region={region}#/v2/executions/details/{execution_arn}"
 
 
 @dataclass
@@ -167,8 +185,9 @@ class Execution:
             return sfn.describe_execution(executionArn=self.arn)
         except ClientError as exc:
             problem = configuration_problem(exc)
-            raise DeploymentError(problem or f"execution {self.arn}: {exc.response['Error'].get('Message', exc)}") \
-                from None
+            raise DeploymentError(
+                problem or f"execution {self.arn}: {exc.response['Error'].get('Message', exc)}"
+            ) from None
 
     def out_location(self) -> str:
         """Where the job writes its outputs: the ``out`` of its normalised spec (Validate wrote
@@ -186,8 +205,9 @@ class Execution:
             return None
 
 
-def watch(execution: Execution, emit: Callable[[str], None] = print, every_s: float = 5.0,
-          timeout_s: float | None = None) -> str:
+def watch(
+    execution: Execution, emit: Callable[[str], None] = print, every_s: float = 5.0, timeout_s: float | None = None
+) -> str:
     """Print the job's state, round, step, loss, workers and $ until it ends; returns its status."""
     started = time.monotonic()
     last_line = None
@@ -197,10 +217,13 @@ def watch(execution: Execution, emit: Callable[[str], None] = print, every_s: fl
         p = execution.progress(execution.out_location()) or {}
         line = f"{status.lower():9s}"
         if p:
-            parts = [f"round {p['round']}" if "round" in p else None, f"step {p['step']}" if "step" in p else None,
-                     f"loss {p['loss']:.4f}" if "loss" in p else None,
-                     f"{p['workers']} workers" if "workers" in p else None,
-                     f"${p['cost_usd']:.4f}" if "cost_usd" in p else None]
+            parts = [
+                f"round {p['round']}" if "round" in p else None,
+                f"step {p['step']}" if "step" in p else None,
+                f"loss {p['loss']:.4f}" if "loss" in p else None,
+                f"{p['workers']} workers" if "workers" in p else None,
+                f"${p['cost_usd']:.4f}" if "cost_usd" in p else None,
+            ]
             line += "  " + "  ".join(x for x in parts if x)
         if line != last_line:
             emit(f"[{time.strftime('%H:%M:%S')}] {line}")

@@ -38,22 +38,42 @@ class Flag:
 # The common fields of a job, as flags of `ebb train` and `ebb submit`; every other field
 # is reachable with --set.
 JOB_FLAGS = (
-    Flag("name"), Flag("model"), Flag("data", metavar="DIR"), Flag("out", metavar="DIR"), Flag("seed"),
+    Flag("name"),
+    Flag("model"),
+    Flag("data", metavar="DIR"),
+    Flag("out", metavar="DIR"),
+    Flag("seed"),
     Flag("workers"),
-    Flag("hyper.rank"), Flag("hyper.lr"), Flag("hyper.optimizer"), Flag("hyper.momentum"), Flag("hyper.l2"),
+    Flag("hyper.rank"),
+    Flag("hyper.lr"),
+    Flag("hyper.optimizer"),
+    Flag("hyper.momentum"),
+    Flag("hyper.l2"),
     Flag("hyper.lr_decay"),
-    Flag("sync.mode", "--sync"), Flag("sync.significance", metavar="V"), Flag("sync.slack", metavar="S"),
-    Flag("sync.quantize"), Flag("sync.combine"),
-    Flag("stop.target_val"), Flag("stop.patience_evals", metavar="N"), Flag("stop.min_delta"),
-    Flag("stop.eval_every", metavar="N"), Flag("stop.target_loss"), Flag("stop.patience", metavar="N"),
-    Flag("stop.max_epochs"), Flag("stop.max_seconds"), Flag("stop.budget_usd"),
-    Flag("scaling.policy"), Flag("scaling.min_workers"),
+    Flag("sync.mode", "--sync"),
+    Flag("sync.significance", metavar="V"),
+    Flag("sync.slack", metavar="S"),
+    Flag("sync.quantize"),
+    Flag("sync.combine"),
+    Flag("stop.target_val"),
+    Flag("stop.patience_evals", metavar="N"),
+    Flag("stop.min_delta"),
+    Flag("stop.eval_every", metavar="N"),
+    Flag("stop.target_loss"),
+    Flag("stop.patience", metavar="N"),
+    Flag("stop.max_epochs"),
+    Flag("stop.max_seconds"),
+    Flag("stop.budget_usd"),
+    Flag("scaling.policy"),
+    Flag("scaling.min_workers"),
     Flag("aws.memory_mb"),
-    Flag("round_seconds", metavar="S"), Flag("round_steps", metavar="N"),
+    Flag("round_seconds", metavar="S"),
+    Flag("round_steps", metavar="N"),
 )
 # Only where the job runs here (`ebb train`).
 LOCAL_FLAGS = (
-    Flag("redis_urls", "--redis", metavar="URL"), Flag("clock.kind", "--clock"),
+    Flag("redis_urls", "--redis", metavar="URL"),
+    Flag("clock.kind", "--clock"),
     Flag("clock.link_mb_s", metavar="MB_S"),
 )
 
@@ -91,8 +111,13 @@ def help_text(info: FieldInfo) -> str:
     return text.replace("%", "%%")  # argparse formats help with %
 
 
-def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, model: type[BaseModel],
-              flags: Iterable[Flag], *, required: bool = True) -> None:
+def add_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    model: type[BaseModel],
+    flags: Iterable[Flag],
+    *,
+    required: bool = True,
+) -> None:
     """Add a flag for each field: its type or choices from the annotation, its help from
     the description and its default. Given flags hold a value; absent ones hold None (the
     spec's default applies). A field without a default is required when ``required``."""
@@ -128,15 +153,24 @@ def option_of(field: str, flags: Iterable[Flag]) -> str:
 
 
 def add_set(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--set", dest="assignments", action="append", default=[], metavar="FIELD=VALUE",
-                        help="set any field of the job (a dotted path, as `ebb spec` prints them) to a YAML value, "
-                        "e.g. --set stop.patience_evals=8 --set scaling.knee_min_drop=0.1; repeatable")
+    parser.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="set any field of the job (a dotted path, as `ebb spec` prints them) to a YAML value, "
+        "e.g. --set stop.patience_evals=8 --set scaling.knee_min_drop=0.1; repeatable",
+    )
 
 
 def defaults_shown(parser: argparse.ArgumentParser) -> Mapping[str, str]:
     """Each generated flag's help text, by field (for a test that holds it to the spec)."""
-    return {a.dest.removeprefix("spec__").replace("__", "."): a.help or "" for a in parser._actions
-            if a.dest.startswith("spec__")}
+    return {
+        a.dest.removeprefix("spec__").replace("__", "."): a.help or ""
+        for a in parser._actions
+        if a.dest.startswith("spec__")
+    }
 
 
 def job_field(dotted: str) -> FieldInfo:

@@ -153,13 +153,15 @@ class RowUpdate:
     subset: dict[str, np.ndarray] | None = None
 
     def is_empty(self) -> bool:
-        return (all(idx.numel() == 0 for idx, _ in self.rows.values())
-                and all(e[0].numel() == 0 for e in (self.elements or {}).values()))
+        return all(idx.numel() == 0 for idx, _ in self.rows.values()) and all(
+            e[0].numel() == 0 for e in (self.elements or {}).values()
+        )
 
     def nnz(self) -> int:
         """Number of non-zero scalar values carried."""
-        return (sum(int(torch.count_nonzero(vals)) for _, vals in self.rows.values())
-                + sum(int(torch.count_nonzero(e[2])) for e in (self.elements or {}).values()))
+        return sum(int(torch.count_nonzero(vals)) for _, vals in self.rows.values()) + sum(
+            int(torch.count_nonzero(e[2])) for e in (self.elements or {}).values()
+        )
 
     def touched_rows(self, name: str) -> torch.Tensor | None:
         """The rows of ``name`` the sender touched (the rows it carries, unless told otherwise)."""
@@ -179,8 +181,14 @@ class RowUpdate:
         for number, (name, kind, idx, vals) in enumerate(entries):
             raw_name = name.encode()
             index = idx.numpy() if idx.dtype == torch.int64 else idx.to(torch.int64).numpy()
-            flags, index_bytes = _encode_indices(index, idx, sources, written, touched_at.get(name),
-                                                 (self.subset or {}).get(name) if vals is not None else None)
+            flags, index_bytes = _encode_indices(
+                index,
+                idx,
+                sources,
+                written,
+                touched_at.get(name),
+                (self.subset or {}).get(name) if vals is not None else None,
+            )
             dim, value_bytes = 0, []
             if vals is not None:
                 dim = vals.shape[1] if vals.dim() == 2 else 1
@@ -188,8 +196,13 @@ class RowUpdate:
                 flags |= value_flags
             else:
                 touched_at[name] = number
-            parts += [_NAME.pack(len(raw_name)), raw_name, _ENTRY.pack(kind, flags, index.size, dim),
-                      *index_bytes, *value_bytes]
+            parts += [
+                _NAME.pack(len(raw_name)),
+                raw_name,
+                _ENTRY.pack(kind, flags, index.size, dim),
+                *index_bytes,
+                *value_bytes,
+            ]
             written.append(index)
             sources.append(idx)
         return b"".join(parts)
@@ -241,8 +254,11 @@ class RowUpdate:
                     row_of = pos // dim
                     carried, off = _decode_values(buf, off, flags, k, nnz, row_of)
                     row = idx.numpy()[row_of]
-                    elements[name] = (torch.from_numpy(row), torch.from_numpy(row * dim + pos % dim),
-                                      torch.from_numpy(carried))
+                    elements[name] = (
+                        torch.from_numpy(row),
+                        torch.from_numpy(row * dim + pos % dim),
+                        torch.from_numpy(carried),
+                    )
                     continue
                 if flags & _Q8 and native.available():  # one pass instead of five
                     scales, codes, off = _q8_parts(buf, off, k, nnz)
@@ -256,8 +272,14 @@ class RowUpdate:
         return cls(rows, touched or None, elements or None)
 
 
-def _encode_indices(index: np.ndarray, idx: torch.Tensor, sources: list[torch.Tensor], written: list[np.ndarray],
-                    superset: int | None, at: np.ndarray | None = None) -> tuple[int, list[bytes]]:
+def _encode_indices(
+    index: np.ndarray,
+    idx: torch.Tensor,
+    sources: list[torch.Tensor],
+    written: list[np.ndarray],
+    superset: int | None,
+    at: np.ndarray | None = None,
+) -> tuple[int, list[bytes]]:
     """(flags, bytes) of the smallest form of a row index, given the entries already written
     (``at``: the index's positions in the superset's rows, when known)."""
     k = index.size
@@ -269,8 +291,11 @@ def _encode_indices(index: np.ndarray, idx: torch.Tensor, sources: list[torch.Te
         if at is None:  # the filter did not say where they sit: search
             at = np.searchsorted(ref, index)
             # A sorted subset only: a subset decodes in its superset's order.
-            if not (at[-1] < ref.size and np.array_equal(ref[np.minimum(at, ref.size - 1)], index)
-                    and (k == 1 or bool((np.diff(at) > 0).all()))):
+            if not (
+                at[-1] < ref.size
+                and np.array_equal(ref[np.minimum(at, ref.size - 1)], index)
+                and (k == 1 or bool((np.diff(at) > 0).all()))
+            ):
                 at = None
         if at is not None:
             if k == ref.size:
@@ -309,8 +334,12 @@ def _encode_values(vals: torch.Tensor, packed: Packed | None) -> tuple[int, list
     if v.itemsize * (k * dim - nnz) > k * width + _U32.size:
         # Gathering by positions is about 3× faster than by a boolean mask.
         carried = v.reshape(-1)[np.flatnonzero(keep)]
-        return flags | _MASKED, [_row_masks(keep, width).tobytes(), _U32.pack(nnz), *head,
-                                 carried.astype(little, copy=False).tobytes()]
+        return flags | _MASKED, [
+            _row_masks(keep, width).tobytes(),
+            _U32.pack(nnz),
+            *head,
+            carried.astype(little, copy=False).tobytes(),
+        ]
     return flags, [*head, np.ascontiguousarray(v).astype(little, copy=False).tobytes()]
 
 
@@ -332,8 +361,9 @@ def _q8_parts(buf: memoryview, off: int, k: int, n: int) -> tuple[np.ndarray, np
     return scales, codes, off + 2 * k + n
 
 
-def _decode_values(buf: memoryview, off: int, flags: int, k: int, n: int, row_of: np.ndarray | None,
-                   present: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+def _decode_values(
+    buf: memoryview, off: int, flags: int, k: int, n: int, row_of: np.ndarray | None, present: np.ndarray | None = None
+) -> tuple[np.ndarray, int]:
     """float32 values and the offset after them: the n carried ones in order, or, given the
     ``present`` mask [k, dim], whole rows with zeros where nothing was carried."""
     if flags & _Q8:

@@ -64,61 +64,108 @@ _ADAM_LR = "; ".join(f"{m} with adam {row.adam_lr:g}" for m, row in CATALOGUE.it
 class HyperParams(_Strict):
     """Model and optimiser settings; unset ones take the model's default (the model catalogue)."""
 
-    rank: int | None = Field(None, ge=1, le=1024, description="PMF latent dimension",
-                             json_schema_extra=shown(per_model_hyper("rank")))
-    lr: float | None = Field(None, gt=0, le=100, description="learning rate",
-                             json_schema_extra=shown(f"{per_model_hyper('lr')}; {_ADAM_LR}"))
+    rank: int | None = Field(
+        None, ge=1, le=1024, description="PMF latent dimension", json_schema_extra=shown(per_model_hyper("rank"))
+    )
+    lr: float | None = Field(
+        None, gt=0, le=100, description="learning rate", json_schema_extra=shown(f"{per_model_hyper('lr')}; {_ADAM_LR}")
+    )
     optimizer: Literal["sgd_momentum", "adam"] | None = Field(
-        None, description="sgd_momentum (Nesterov) | adam (lazy: only the rows a step touches); PMF offers both",
-        json_schema_extra=shown(per_model("optimizer")))
-    momentum: float | None = Field(None, ge=0, lt=1, description="Nesterov momentum (PMF, sgd_momentum)",
-                                   json_schema_extra=shown(per_model_hyper("momentum")))
-    l2: float | None = Field(None, ge=0, description="L2 regularisation",
-                             json_schema_extra=shown(per_model_hyper("l2")))
-    init_std: float | None = Field(None, gt=0, le=10, description="std of the initial factors (PMF)",
-                                   json_schema_extra=shown(per_model_hyper("init_std")))
-    lr_decay: float | None = Field(None, gt=0, le=1, description="learning rate × this every epoch at one worker's "
-                                   "pace (steps: minibatches, / workers under sync.combine sum)",
-                                   json_schema_extra=shown(per_model_hyper("lr_decay")))
+        None,
+        description="sgd_momentum (Nesterov) | adam (lazy: only the rows a step touches); PMF offers both",
+        json_schema_extra=shown(per_model("optimizer")),
+    )
+    momentum: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        description="Nesterov momentum (PMF, sgd_momentum)",
+        json_schema_extra=shown(per_model_hyper("momentum")),
+    )
+    l2: float | None = Field(
+        None, ge=0, description="L2 regularisation", json_schema_extra=shown(per_model_hyper("l2"))
+    )
+    init_std: float | None = Field(
+        None,
+        gt=0,
+        le=10,
+        description="std of the initial factors (PMF)",
+        json_schema_extra=shown(per_model_hyper("init_std")),
+    )
+    lr_decay: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="learning rate × this every epoch at one worker's "
+        "pace (steps: minibatches, / workers under sync.combine sum)",
+        json_schema_extra=shown(per_model_hyper("lr_decay")),
+    )
 
 
 class SyncSpec(_Strict):
     """How the workers' updates meet (docs/ARCHITECTURE.md, "Synchronisation")."""
 
     mode: Literal["bsp", "ssp", "isp"] = Field("isp", description="bsp | ssp | isp")
-    significance: float | None = Field(None, ge=0, description="ISP v: an entry is sent when |δ_i|/|x_i| > "
-                                       "v/sqrt(t); 0 = BSP exactly",
-                                       json_schema_extra=shown(per_model("significance")))
-    slack: int = Field(3, ge=0, le=1000, description="SSP: how many steps ahead of the slowest worker a worker "
-                       "may run")
-    quantize: bool = Field(True, description="ISP (v > 0): int8 values with a per-row scale; the rounding stays "
-                           "pending")
+    significance: float | None = Field(
+        None,
+        ge=0,
+        description="ISP v: an entry is sent when |δ_i|/|x_i| > v/sqrt(t); 0 = BSP exactly",
+        json_schema_extra=shown(per_model("significance")),
+    )
+    slack: int = Field(3, ge=0, le=1000, description="SSP: how many steps ahead of the slowest worker a worker may run")
+    quantize: bool = Field(
+        True, description="ISP (v > 0): int8 values with a per-row scale; the rounding stays pending"
+    )
     combine: Literal["mean", "sum"] | None = Field(
-        None, description="a step moves a row by the mean of its touchers' proposals or by their sum (as if taken "
-        "in turn)", json_schema_extra=shown(per_model("combine")))
-    sum_cap: int = Field(8, ge=1, le=10_000, description="combine sum: a row more than this many "
-                         "workers touched in a step moves by this many times their mean (lower it to 4 for ISP with "
-                         "a high v at 16+ workers)")
+        None,
+        description="a step moves a row by the mean of its touchers' proposals or by their sum (as if taken in turn)",
+        json_schema_extra=shown(per_model("combine")),
+    )
+    sum_cap: int = Field(
+        8,
+        ge=1,
+        le=10_000,
+        description="combine sum: a row more than this many "
+        "workers touched in a step moves by this many times their mean (lower it to 4 for ISP with "
+        "a high v at 16+ workers)",
+    )
 
 
 class StopSpec(_Strict):
     """When a job ends (the first rule that holds)."""
 
-    target_loss: float | None = Field(None, gt=0, description="training loss (RMSE for pmf, log-loss for LR) at or "
-                                      "below this ...")
+    target_loss: float | None = Field(
+        None, gt=0, description="training loss (RMSE for pmf, log-loss for LR) at or below this ..."
+    )
     patience: int = Field(10, ge=1, description='... for this many consecutive steps: "converged"')
-    target_val: float | None = Field(None, gt=0, description="or: the validation metric (the test split stands in "
-                                     'when the data has no validation split) at or below this: "converged"')
-    eval_every: int | None = Field(None, ge=0, description="score the validation split every N steps (0: never)",
-                                   json_schema_extra=shown("an epoch at one worker's pace, as lr_decay, with a "
-                                                           f"validation split; else {EVAL_EVERY_WITH_TARGET} with "
-                                                           "target_val; else never"))
+    target_val: float | None = Field(
+        None,
+        gt=0,
+        description="or: the validation metric (the test split stands in "
+        'when the data has no validation split) at or below this: "converged"',
+    )
+    eval_every: int | None = Field(
+        None,
+        ge=0,
+        description="score the validation split every N steps (0: never)",
+        json_schema_extra=shown(
+            "an epoch at one worker's pace, as lr_decay, with a "
+            f"validation split; else {EVAL_EVERY_WITH_TARGET} with "
+            "target_val; else never"
+        ),
+    )
     patience_evals: int = Field(5, ge=1, description='validation: no better for this many scorings: "early_stopped"')
     min_delta: float = Field(1e-4, ge=0, description="... where better means lower by this share at least")
-    max_epochs: float | None = Field(None, gt=0, description="passes over the training data",
-                                     json_schema_extra=shown(f"{MAX_EPOCHS_WITH_VAL} × workers with a validation "
-                                                             "split, where early stopping ends a job first; without "
-                                                             "one " + per_model("max_epochs_without_val")))
+    max_epochs: float | None = Field(
+        None,
+        gt=0,
+        description="passes over the training data",
+        json_schema_extra=shown(
+            f"{MAX_EPOCHS_WITH_VAL} × workers with a validation "
+            "split, where early stopping ends a job first; without "
+            "one " + per_model("max_epochs_without_val")
+        ),
+    )
     max_seconds: float = Field(3600, gt=0, description="job time, across rounds")
     budget_usd: float | None = Field(None, gt=0, description="stop before the estimated AWS cost would pass this")
 
@@ -131,24 +178,39 @@ class ScheduleEntry(_Strict):
 class ScalingSpec(_Strict):
     """How the fleet changes as the model converges (docs/ARCHITECTURE.md, "auto-tuner")."""
 
-    policy: Literal["autotune", "none", "schedule"] = Field("autotune", description="autotune (MLLess scale-in) | "
-                                                            "none | schedule")
+    policy: Literal["autotune", "none", "schedule"] = Field(
+        "autotune", description="autotune (MLLess scale-in) | none | schedule"
+    )
     min_workers: int = Field(1, ge=1, description="never fewer workers than this")
     interval_s: float = Field(20, gt=0, description="T: how often the auto-tuner decides")
     horizon_s: float = Field(10, gt=0, description="Δ ≤ T: how far ahead it projects")
     tolerance: float = Field(0.02, ge=0, le=1, description="S: evict while the projected degradation s_Δ < S")
-    knee_tolerance: float = Field(0.1, gt=0, description="knee: the smoothed slope is flatter than this share of "
-                                  "the steepest ...")
+    knee_tolerance: float = Field(
+        0.1, gt=0, description="knee: the smoothed slope is flatter than this share of the steepest ..."
+    )
     knee_patience: int = Field(5, ge=1, description="... for this many checks")
-    knee_min_drop: float = Field(0.05, ge=0, lt=1, description="knee: not before the smoothed loss has fallen this "
-                                 "share below its level after the warm-up (an early plateau is not the knee)")
-    throughput_tolerance: float = Field(0.1, ge=0, le=1, description="evict only while the projected minibatches "
-                                        "per second with one worker fewer stay within this share of the initial "
-                                        "fleet's (1: off)")
-    schedule: list[ScheduleEntry] = Field(default_factory=list, description="policy schedule: [{epoch: 2, workers: "
-                                          "4}, ...] (locally also scale-out)")
-    scale_lr: bool = Field(False, description="below the initial fleet P, learning rate × p/P (linear scaling "
-                           "rule; sync.combine mean only)")
+    knee_min_drop: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        description="knee: not before the smoothed loss has fallen this "
+        "share below its level after the warm-up (an early plateau is not the knee)",
+    )
+    throughput_tolerance: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="evict only while the projected minibatches "
+        "per second with one worker fewer stay within this share of the initial "
+        "fleet's (1: off)",
+    )
+    schedule: list[ScheduleEntry] = Field(
+        default_factory=list, description="policy schedule: [{epoch: 2, workers: 4}, ...] (locally also scale-out)"
+    )
+    scale_lr: bool = Field(
+        False,
+        description="below the initial fleet P, learning rate × p/P (linear scaling rule; sync.combine mean only)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ScalingSpec:
@@ -163,10 +225,12 @@ class FaultSpec(_Strict):
     """What the job does when a worker dies or stalls, or the update store goes away."""
 
     worker_timeout_s: float = Field(10, gt=0, description="a worker with no heartbeat for this long is lost")
-    startup_timeout_s: float = Field(120, gt=0, description="... before its first heartbeat of a round (process "
-                                     "start, Lambda cold start)")
+    startup_timeout_s: float = Field(
+        120, gt=0, description="... before its first heartbeat of a round (process start, Lambda cold start)"
+    )
     on_worker_loss: Literal["evict", "restart_round", "fail"] = Field(
-        "evict", description="evict (go on without it) | restart_round (from its checkpoints) | fail; SSP restarts")
+        "evict", description="evict (go on without it) | restart_round (from its checkpoints) | fail; SSP restarts"
+    )
     max_restarts: int = Field(3, ge=0, description="run rounds again at most this many times in a job")
 
 
@@ -174,15 +238,16 @@ class PrepareSpec(_Strict):
     """How to prepare ``data`` from a raw file when it holds no prepared dataset yet
     (the flags of ``ebb prepare``; on AWS the Prepare state runs it)."""
 
-    format: Literal["movielens", "criteo", "libsvm", "csv"] = Field(description="the input's format: MovieLens "
-                                                                    "ratings, Criteo TSV, LibSVM, or CSV with a "
-                                                                    "label column")
+    format: Literal["movielens", "criteo", "libsvm", "csv"] = Field(
+        description="the input's format: MovieLens ratings, Criteo TSV, LibSVM, or CSV with a label column"
+    )
     input: str = Field(description="raw input: a local file, s3://bucket/key, or (on AWS) a key in the data bucket")
     test_input: str | None = Field(None, description="a separate test file (else test_fraction of the input)")
     batch_size: int = Field(6250, ge=1, description="rows per minibatch (MLLess: 6,250)")
     test_fraction: float = Field(0.1, ge=0, lt=1, description="share of the rows held out for test")
-    val_fraction: float = Field(0.1, ge=0, lt=1, description="share held out as a validation "
-                                "split (early stopping; 0: none)")
+    val_fraction: float = Field(
+        0.1, ge=0, lt=1, description="share held out as a validation split (early stopping; 0: none)"
+    )
     seed: int = Field(0, description="the shuffle's seed")
     skip_bad_rows: bool = Field(False, description="count and skip malformed rows instead of stopping")
     num_features: int = Field(100_000, ge=1, description="hashing-trick dimension (criteo)")
@@ -191,8 +256,9 @@ class PrepareSpec(_Strict):
     @model_validator(mode="after")
     def _check(self) -> PrepareSpec:
         if self.test_input is None and self.test_fraction + self.val_fraction >= 1:
-            raise ValueError(f"test_fraction + val_fraction must be below 1, got {self.test_fraction} + "
-                             f"{self.val_fraction}")
+            raise ValueError(
+                f"test_fraction + val_fraction must be below 1, got {self.test_fraction} + {self.val_fraction}"
+            )
         return self
 
 
@@ -204,15 +270,24 @@ class AwsSpec(_Strict):
     its cost is always priced from what runs. The defaults are cdk.json's."""
 
     memory_mb: int = Field(1769, ge=128, le=10240, description="Lambda memory per worker (1769 MB = one vCPU)")
-    supervisor_memory_mb: int = Field(1024, ge=128, le=10240, description="the supervisor's (the deployment's "
-                                      "default, cdk.json ebb:supervisorMemoryMb)")
-    part_cache_mb: int | None = Field(None, ge=0, description="minibatches a worker keeps decoded in memory, MB "
-                                      "(0: none)", json_schema_extra=shown("a quarter of memory_mb"))
+    supervisor_memory_mb: int = Field(
+        1024,
+        ge=128,
+        le=10240,
+        description="the supervisor's (the deployment's default, cdk.json ebb:supervisorMemoryMb)",
+    )
+    part_cache_mb: int | None = Field(
+        None,
+        ge=0,
+        description="minibatches a worker keeps decoded in memory, MB (0: none)",
+        json_schema_extra=shown("a quarter of memory_mb"),
+    )
     arch: Literal["x86_64", "arm64"] = Field("x86_64", description="x86_64 | arm64")
     cache_node_type: str = Field("cache.t4g.medium", description="the cache's node type")
     cache_nodes: int = Field(1, ge=1, description="and its nodes")
-    signal_channel: Literal["redis", "sns_sqs"] = Field("redis", description="redis | sns_sqs (one job at a time "
-                                                        "per deployment)")
+    signal_channel: Literal["redis", "sns_sqs"] = Field(
+        "redis", description="redis | sns_sqs (one job at a time per deployment)"
+    )
 
     def part_cache_bytes(self) -> int:
         """A worker's budget for decoded minibatches, in bytes."""
@@ -223,34 +298,58 @@ class AwsSpec(_Strict):
 class ClockSpec(_Strict):
     """Which clock the job runs on: host time, or the modelled time of a fleet (docs/ARCHITECTURE.md, "Fleet clock")."""
 
-    kind: Literal["host", "fleet"] = Field("host", description="host (this machine's time) | fleet (a step = the "
-                                           "barrier's release + the slowest worker's CPU, its I/O overlapping its "
-                                           "bytes / link, + requests × rtt)")
+    kind: Literal["host", "fleet"] = Field(
+        "host",
+        description="host (this machine's time) | fleet (a step = the "
+        "barrier's release + the slowest worker's CPU, its I/O overlapping its "
+        "bytes / link, + requests × rtt)",
+    )
     link_mb_s: float = Field(75.0, gt=0, description="fleet: one worker's link to the cache, MB/s (Lambda, measured)")
-    rtt_ms: float = Field(0.4, ge=0, description="fleet: one update-store request's round trip, ms (ElastiCache in "
-                          "the VPC)")
-    node_mb_s: float = Field(625.0, gt=0, description="fleet: the cache node's link, MB/s per direction, shared by "
-                             "all workers (cache.t4g.medium: up to 5 Gbit/s)")
-    cold_start_s: float = Field(3.0, ge=0, description="fleet: one cold start of a wave of workers (round start, "
-                                "joiners): container image + imports")
-    barrier_ms: float = Field(0.5, ge=0, description="fleet: the barrier's release beyond the round trips, ms: from "
-                              "the last announcement to a waiting worker's go (the cache's script, its push, the "
-                              "worker waking)")
+    rtt_ms: float = Field(
+        0.4, ge=0, description="fleet: one update-store request's round trip, ms (ElastiCache in the VPC)"
+    )
+    node_mb_s: float = Field(
+        625.0,
+        gt=0,
+        description="fleet: the cache node's link, MB/s per direction, shared by "
+        "all workers (cache.t4g.medium: up to 5 Gbit/s)",
+    )
+    cold_start_s: float = Field(
+        3.0,
+        ge=0,
+        description="fleet: one cold start of a wave of workers (round start, joiners): container image + imports",
+    )
+    barrier_ms: float = Field(
+        0.5,
+        ge=0,
+        description="fleet: the barrier's release beyond the round trips, ms: from "
+        "the last announcement to a waiting worker's go (the cache's script, its push, the "
+        "worker waking)",
+    )
 
 
 class JobSpec(_Strict):
     """A training job: every field, with its default (``ebb spec`` prints them all)."""
 
-    name: str = Field(default_factory=lambda: f"job-{uuid.uuid4().hex[:8]}", pattern=r"^[A-Za-z0-9_.-]{1,64}$",
-                      description="the job's name; outputs go to runs/<name> unless `out` is set",
-                      json_schema_extra=shown("job-<random>"))
+    name: str = Field(
+        default_factory=lambda: f"job-{uuid.uuid4().hex[:8]}",
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="the job's name; outputs go to runs/<name> unless `out` is set",
+        json_schema_extra=shown("job-<random>"),
+    )
     model: ModelName = Field("pmf", description=" | ".join(f"{m} ({row.reads})" for m, row in CATALOGUE.items()))
-    data: str = Field(description="prepared dataset: a folder or s3://bucket/prefix (from `ebb prepare`)",
-                      json_schema_extra={"example": "data/ratings"})
-    prepare: PrepareSpec | None = Field(None, description="prepare `data` from a raw file first if it is not "
-                                        "prepared: {format, input, batch_size, test_fraction, ...} as ebb prepare")
-    out: str | None = Field(None, description="output folder or s3://bucket/prefix",
-                            json_schema_extra=shown("runs/<name>"))
+    data: str = Field(
+        description="prepared dataset: a folder or s3://bucket/prefix (from `ebb prepare`)",
+        json_schema_extra={"example": "data/ratings"},
+    )
+    prepare: PrepareSpec | None = Field(
+        None,
+        description="prepare `data` from a raw file first if it is not "
+        "prepared: {format, input, batch_size, test_fraction, ...} as ebb prepare",
+    )
+    out: str | None = Field(
+        None, description="output folder or s3://bucket/prefix", json_schema_extra=shown("runs/<name>")
+    )
     seed: int = Field(0, description="initial model and minibatch order")
     workers: int = Field(1, ge=1, le=256, description="workers at the start")
     hyper: HyperParams = Field(default_factory=HyperParams)
@@ -260,13 +359,21 @@ class JobSpec(_Strict):
     aws: AwsSpec = Field(default_factory=AwsSpec)
     faults: FaultSpec = Field(default_factory=FaultSpec)
     clock: ClockSpec = Field(default_factory=ClockSpec)
-    redis_urls: list[str] = Field(default_factory=list, description="locally: use these Redis servers (sharded) "
-                                  "instead of starting one")
-    round_seconds: float = Field(840, gt=0, description="training time per round, then checkpoint and resume in "
-                                 "fresh processes (Lambda: also the function's timeout less a margin)")
-    round_steps: int | None = Field(None, ge=2, description="at most this many steps per round (reproducible "
-                                    "cuts; under SSP a round runs at least slack + 2)",
-                                    json_schema_extra=shown("no limit"))
+    redis_urls: list[str] = Field(
+        default_factory=list, description="locally: use these Redis servers (sharded) instead of starting one"
+    )
+    round_seconds: float = Field(
+        840,
+        gt=0,
+        description="training time per round, then checkpoint and resume in "
+        "fresh processes (Lambda: also the function's timeout less a margin)",
+    )
+    round_steps: int | None = Field(
+        None,
+        ge=2,
+        description="at most this many steps per round (reproducible cuts; under SSP a round runs at least slack + 2)",
+        json_schema_extra=shown("no limit"),
+    )
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> JobSpec:
@@ -400,8 +507,11 @@ def _set_path(doc: dict[str, Any], dotted: str) -> tuple[dict[str, Any], str]:
     return node, leaf
 
 
-def load_spec(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
-              assignments: list[str] | tuple[str, ...] = ()) -> JobSpec:
+def load_spec(
+    path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    assignments: list[str] | tuple[str, ...] = (),
+) -> JobSpec:
     """Read a YAML job file (optional), apply ``{"dotted.field": value}`` overrides (flags;
     None: not given) and then ``FIELD=VALUE`` assignments (``--set``; ``null`` unsets), validate."""
     text, source = "", "<flags>"
@@ -430,8 +540,13 @@ def load_spec(path: str | Path | None = None, overrides: dict[str, Any] | None =
     return parse_spec(doc, source, lines=lines, overridden=overridden)
 
 
-def parse_spec(doc: Any, source: str, *, lines: dict[Path_, int] | None = None,
-               overridden: set[Path_] | frozenset[Path_] = frozenset()) -> JobSpec:
+def parse_spec(
+    doc: Any,
+    source: str,
+    *,
+    lines: dict[Path_, int] | None = None,
+    overridden: set[Path_] | frozenset[Path_] = frozenset(),
+) -> JobSpec:
     """Validate a job document (a parsed YAML file, or a state machine's JSON input);
     a problem is a SpecError naming ``source`` (and the line, when known) and the field."""
     if not isinstance(doc, dict):

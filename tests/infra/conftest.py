@@ -14,10 +14,18 @@ fixture is also a nag check of its variant. Run this layer alone with
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from infra_helpers import ROOT, SCALED, SCALED_ENV, SERVERLESS, SERVERLESS_ENV, Synthesis, cdk_cli_synth, synthesise
+
+from tests.helpers.infra import (
+    ROOT,
+    SCALED,
+    SCALED_ENV,
+    SERVERLESS,
+    SERVERLESS_ENV,
+    Synthesis,
+    cdk_cli_synth,
+    synthesise,
+)
 
 # The two slow checks run as subprocesses started as early as possible, so that they overlap
 # the in-process syntheses: `npx cdk synth` at the start of the session, cfn-lint right after
@@ -25,12 +33,6 @@ from infra_helpers import ROOT, SCALED, SCALED_ENV, SERVERLESS, SERVERLESS_ENV, 
 CLI_TEST = "test_npx_cdk_synth_works_offline"
 LINT_TEST = "test_cfn_lint_is_clean"
 WHEELS_TEST = "test_every_package_of_the_image_installs_as_a_wheel_on_its_base"
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if Path(str(item.fspath)).parent == Path(__file__).parent:
-            item.add_marker(pytest.mark.infra)
 
 
 def _selected(request, name: str) -> bool:
@@ -73,9 +75,11 @@ def wheel_checks(request, tmp_path_factory):
     checks = {}
     for name, arch, python in (("x86_64", "x86_64", None), ("arm64", "arm64", None), ("python3.11", "x86_64", "3.11")):
         folder = tmp_path_factory.mktemp(f"wheels-{name}")
-        commands = wheel_resolution(ROOT / "lambda_src", arch, folder, python=python)[:1 if python else None]
-        checks[name] = [(subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
-                         folder) for c in commands]
+        commands = wheel_resolution(ROOT / "lambda_src", arch, folder, python=python)[: 1 if python else None]
+        checks[name] = [
+            (subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), folder)
+            for c in commands
+        ]
     yield checks
     for processes in checks.values():
         for process, _ in processes:

@@ -8,10 +8,10 @@ import re
 import shutil
 
 import pytest
-from infra_helpers import ROOT, synthesise
 
 from stacks.compute import LAYER_STAMP, LayerMissingError
 from stacks.settings import FUNCTION_NAMES, Settings, SettingsError
+from tests.helpers.infra import ROOT, synthesise
 
 
 def cdk_json_context() -> dict:
@@ -36,16 +36,26 @@ def test_nag_passes_and_every_acknowledgement_gives_a_specific_reason(default, s
     for variant in (default, scaled, serverless):
         report = json.loads((variant.outdir / "validation-report.json").read_text())
         assert all(not r["violations"] for r in report["pluginReports"]), report  # no plugin reported a violation
-        acknowledged = {rule: reason
-                        for entries in variant.metadata.values() for entry in entries
-                        if entry["type"] == "aws:cdk:acknowledged-rules"
-                        for rule, reason in entry["data"].items() if "AwsSolutions" in rule}
+        acknowledged = {
+            rule: reason
+            for entries in variant.metadata.values()
+            for entry in entries
+            if entry["type"] == "aws:cdk:acknowledged-rules"
+            for rule, reason in entry["data"].items()
+            if "AwsSolutions" in rule
+        }
         assert acknowledged, "nag findings are acknowledged where they arise"
         for rule, reason in acknowledged.items():
             assert len(reason) >= 40 and reason.rstrip().endswith((".", ")")), (rule, reason)
     # The reasons explain a choice; the same sentence should not cover unrelated rules.
-    reasons = [r for e in default.metadata.values() for x in e if x["type"] == "aws:cdk:acknowledged-rules"
-               for k, r in x["data"].items() if "AwsSolutions" in k]
+    reasons = [
+        r
+        for e in default.metadata.values()
+        for x in e
+        if x["type"] == "aws:cdk:acknowledged-rules"
+        for k, r in x["data"].items()
+        if "AwsSolutions" in k
+    ]
     assert len(set(reasons)) >= 10
 
 
@@ -57,8 +67,13 @@ def test_npx_cdk_synth_works_offline(cli_synth):
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 0, output[-3000:]
     template = json.loads((outdir / "Ebb.template.json").read_text())
-    assert set(template["Outputs"]) == {"StateMachineArn", "DataBucketName", "EventsTopicArn", "DashboardName",
-                                        "DashboardUrl"}
+    assert set(template["Outputs"]) == {
+        "StateMachineArn",
+        "DataBucketName",
+        "EventsTopicArn",
+        "DashboardName",
+        "DashboardUrl",
+    }
 
 
 def test_cdk_json_documents_every_key_settings_reads():
@@ -80,8 +95,14 @@ def test_cdk_json_documents_every_key_settings_reads():
 
 def test_settings_parse_cli_strings_and_name_the_key_of_a_bad_value():
     context = cdk_json_context()
-    cli = {**context, "ebb:maxWorkers": "8", "ebb:retainData": "true", "ebb:workerReservedConcurrency": "null",
-           "ebb:interfaceEndpoints": "secretsmanager, sqs", "ebb:supervisorMemoryMb": "2048"}
+    cli = {
+        **context,
+        "ebb:maxWorkers": "8",
+        "ebb:retainData": "true",
+        "ebb:workerReservedConcurrency": "null",
+        "ebb:interfaceEndpoints": "secretsmanager, sqs",
+        "ebb:supervisorMemoryMb": "2048",
+    }
     settings = Settings.from_context(cli.get)
     assert (settings.max_workers, settings.retain_data, settings.interface_endpoints) == (
         8,
@@ -103,8 +124,11 @@ def test_settings_parse_cli_strings_and_name_the_key_of_a_bad_value():
         ("ebb:dataBucketName", "My_Bucket", r"ebb:dataBucketName must be an S3 bucket name"),
         ("ebb:endpointAzs", 3, r"ebb:endpointAzs \(3\) cannot exceed ebb:maxAzs \(2\)"),
         ("ebb:workerMemoryMb", None, r"context key ebb:workerMemoryMb is missing: set it in cdk.json"),
-        ("ebb:workerTimeoutSeconds", 600,
-         r"ebb:supervisorTimeoutSeconds \(900\) exceeds ebb:workerTimeoutSeconds \(600\): a round lasts"),
+        (
+            "ebb:workerTimeoutSeconds",
+            600,
+            r"ebb:supervisorTimeoutSeconds \(900\) exceeds ebb:workerTimeoutSeconds \(600\): a round lasts",
+        ),
     ):
         with pytest.raises(SettingsError, match=message):
             Settings.from_context({**context, key: value}.get)
@@ -127,8 +151,11 @@ def test_synthesis_stops_with_a_clear_message_without_the_layer(tmp_path):
     # ... and one staged for another Python than the functions' (the image's FROM).
     stamp = json.loads((layer / LAYER_STAMP).read_text())
     (layer / LAYER_STAMP).write_text(json.dumps({**stamp, "python": "3.11"}))
-    with pytest.raises(LayerMissingError, match=r"staged for Python 3\.11, but the functions run 3\.12 "
-                                                r"\(lambda_src/Dockerfile\): run `bash scripts/build_layer.sh`"):
+    with pytest.raises(
+        LayerMissingError,
+        match=r"staged for Python 3\.11, but the functions run 3\.12 "
+        r"\(lambda_src/Dockerfile\): run `bash scripts/build_layer.sh`",
+    ):
         synthesise(tmp_path / "out4", layer_dir=layer)
     (layer / LAYER_STAMP).unlink()
     with pytest.raises(LayerMissingError, match="staged for an unknown platform"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from infra_helpers import resolve
+from tests.helpers.infra import resolve
 
 DYNAMIC_SECRET = re.compile(r"^\{\{resolve:secretsmanager:<Ref:(\w+)>:SecretString:::\}\}$")
 
@@ -35,10 +35,13 @@ def test_default_replication_group(default):
 
 def test_functions_get_the_primary_endpoint_and_the_secret(default):
     group_id, _ = default.one("AWS::ElastiCache::ReplicationGroup")
-    secret, = default.of_type("AWS::SecretsManager::Secret")
+    (secret,) = default.of_type("AWS::SecretsManager::Secret")
     for name in ("worker", "supervisor"):
         env = default.functions[name]["Environment"]["Variables"]
-        assert resolve(env["EBB_REDIS_URLS"]) == f"rediss://<{group_id}.PrimaryEndPoint.Address>:<{group_id}.PrimaryEndPoint.Port>"
+        assert (
+            resolve(env["EBB_REDIS_URLS"])
+            == f"rediss://<{group_id}.PrimaryEndPoint.Address>:<{group_id}.PrimaryEndPoint.Port>"
+        )
         assert env["EBB_REDIS_CLUSTER"] == "0"
         assert env["EBB_REDIS_SECRET_ARN"] == {"Ref": secret}
 
@@ -51,7 +54,8 @@ def test_sharded_replicated_group_is_cluster_mode_and_multi_az(scaled):
     env = scaled.functions["worker"]["Environment"]["Variables"]
     assert env["EBB_REDIS_CLUSTER"] == "1"
     assert resolve(env["EBB_REDIS_URLS"]) == (
-        f"rediss://<{group_id}.ConfigurationEndPoint.Address>:<{group_id}.ConfigurationEndPoint.Port>")
+        f"rediss://<{group_id}.ConfigurationEndPoint.Address>:<{group_id}.ConfigurationEndPoint.Port>"
+    )
 
 
 def test_serverless_cache_authenticates_the_default_user_with_the_token(serverless):
@@ -68,13 +72,16 @@ def test_serverless_cache_authenticates_the_default_user_with_the_token(serverle
     # Serverless takes no AUTH token; `AUTH <token>` authenticates the user named "default".
     assert user["UserName"] == "default" and user["AccessString"] == "on ~* +@all"
     assert user["AuthenticationMode"]["Type"] == "password"
-    password, = user["AuthenticationMode"]["Passwords"]
-    secret, = serverless.of_type("AWS::SecretsManager::Secret")
+    (password,) = user["AuthenticationMode"]["Passwords"]
+    (secret,) = serverless.of_type("AWS::SecretsManager::Secret")
     assert secret_id(password) == secret
     env = serverless.functions["supervisor"]["Environment"]["Variables"]
     assert env["EBB_REDIS_CLUSTER"] == "1"
     assert resolve(env["EBB_REDIS_URLS"]) == f"rediss://<{cache_id}.Endpoint.Address>:<{cache_id}.Endpoint.Port>"
     # The serverless reader endpoint listens on 6380: both ports, from the functions only.
-    rules = [r for r in serverless.of_type("AWS::EC2::SecurityGroupIngress").values()
-             if r["GroupId"] == {"Fn::GetAtt": [cache["SecurityGroupIds"][0]["Fn::GetAtt"][0], "GroupId"]}]
+    rules = [
+        r
+        for r in serverless.of_type("AWS::EC2::SecurityGroupIngress").values()
+        if r["GroupId"] == {"Fn::GetAtt": [cache["SecurityGroupIds"][0]["Fn::GetAtt"][0], "GroupId"]}
+    ]
     assert [(r["FromPort"], r["ToPort"]) for r in rules] == [(6379, 6380)]

@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from infra_helpers import ROOT
 
 from ebb.ports import deployment as names
 from stacks.image import image_python
+from tests.helpers.infra import ROOT
 
 IMAGE_FUNCTIONS = ("worker", "supervisor", "prepare", "finalize")
 ZIP_FUNCTIONS = ("validate", "on_failure")
@@ -25,7 +25,7 @@ HEAVY = ("numpy", "torch", "scipy", "redis", "matplotlib", "rich")
 def documented_environment() -> dict[str, set[str]]:
     """docs/AWS.md's environment table: function name -> the variables set on it."""
     text = (ROOT / "docs" / "AWS.md").read_text()
-    section = text[text.index("## Environment variables"):text.index("## SNS/SQS signal channel")]
+    section = text[text.index("## Environment variables") : text.index("## SNS/SQS signal channel")]
     out: dict[str, set[str]] = {name: set() for name in IMAGE_FUNCTIONS + ZIP_FUNCTIONS}
     for variable, functions in re.findall(r"^\| `(\w+)` \|.*\| ([\w ,]+) \|$", section, re.MULTILINE):
         names = out if functions.strip() == "all" else [f.strip() for f in functions.split(",")]
@@ -43,7 +43,7 @@ def zip_asset_dir(synth, name: str):
 def test_four_functions_run_from_one_image_with_their_own_command(default):
     images = default.assets["dockerImages"]
     assert len(images) == 1  # one image asset for all four
-    (image_hash, image), = images.items()
+    ((image_hash, image),) = images.items()
     assert image["source"]["platform"] == "linux/amd64"
     staged = default.outdir / image["source"]["directory"]
     assert (staged / "Dockerfile").is_file() and (staged / "ebb" / "engine" / "worker.py").is_file()
@@ -99,7 +99,11 @@ def test_zip_functions_carry_the_light_package_and_the_layer(default):
         # Of the engine only its checkpoint layout and the supervisor's typed state (on_failure
         # reads the last complete round's).
         assert sorted(p.name for p in (code / "ebb/engine").iterdir()) == [
-            "__init__.py", "checkpoint.py", "errors.py", "state.py"]
+            "__init__.py",
+            "checkpoint.py",
+            "errors.py",
+            "state.py",
+        ]
         for dropped in (
             "ebb/models",
             "ebb/autotune",
@@ -131,12 +135,27 @@ def runtime_layer(tmp_path_factory):
     has that Python, else this interpreter with the same requirements staged for it."""
     version = image_python(ROOT / "lambda_src")
     found = shutil.which(f"python{version}") or next(
-        (str(p) for p in sorted(Path.home().glob(f".pyenv/versions/{version}*/bin/python{version}"))), None)
+        (str(p) for p in sorted(Path.home().glob(f".pyenv/versions/{version}*/bin/python{version}"))), None
+    )
     if found and subprocess.run([found, "-c", "import sys"], capture_output=True, check=False).returncode == 0:
         return found, ROOT / "layers" / "common" / "python"
     layer = tmp_path_factory.mktemp("layer")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--target", str(layer),
-                    "-r", str(ROOT / "layers" / "requirements-common.txt")], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-compile",
+            "--target",
+            str(layer),
+            "-r",
+            str(ROOT / "layers" / "requirements-common.txt"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return sys.executable, layer
 
 
@@ -176,9 +195,16 @@ def test_environment_is_what_docs_aws_md_lists_for_each_function(default):
     deployment = json.loads(default.functions["validate"]["Environment"]["Variables"]["EBB_DEPLOYMENT"])
     context = json.loads((ROOT / "cdk.json").read_text())["context"]
     assert deployment == {
-        "worker_memory_mb": context["ebb:workerMemoryMb"], "supervisor_memory_mb": context["ebb:supervisorMemoryMb"],
-        "supervisor_timeout_s": context["ebb:supervisorTimeoutSeconds"], "arch": "x86_64", "worker_reserved": None,
-        "supervisor_reserved": None, "map": "inline", "cache_node_type": "cache.t4g.medium", "cache_nodes": 1}
+        "worker_memory_mb": context["ebb:workerMemoryMb"],
+        "supervisor_memory_mb": context["ebb:supervisorMemoryMb"],
+        "supervisor_timeout_s": context["ebb:supervisorTimeoutSeconds"],
+        "arch": "x86_64",
+        "worker_reserved": None,
+        "supervisor_reserved": None,
+        "map": "inline",
+        "cache_node_type": "cache.t4g.medium",
+        "cache_nodes": 1,
+    }
 
 
 def test_sizes_tracing_and_logs_come_from_context(default, scaled):

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import json
 
-from infra_helpers import ROOT
-
 from stacks.image import image_python, torch_pin, wheel_platforms
+from tests.helpers.infra import ROOT
 
 
 def _installed(folder) -> dict[str, str]:
@@ -40,6 +39,6 @@ def test_every_package_of_the_image_installs_as_a_wheel_on_its_base(wheel_checks
             platforms = installed[name].removesuffix(".whl").split("-")[-1].split(".")
             assert allowed & set(platforms), (arch, installed[name])
 
-    (process, _), = wheel_checks["python3.11"]
+    ((process, _),) = wheel_checks["python3.11"]
     output, _ = process.communicate(timeout=300)
     assert process.returncode != 0 and "torch" in output, output[-2000:]

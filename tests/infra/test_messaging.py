@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from infra_helpers import resolve
+from tests.helpers.infra import resolve
 
 
 def queues_by_name(synth) -> dict[str, str]:
@@ -45,10 +45,11 @@ def test_worker_queue_url_prefix_is_queue_000_without_its_number(default):
 def test_queues_are_encrypted_ssl_only_and_redrive_to_the_dead_letter_queue(default):
     queues = default.of_type("AWS::SQS::Queue")
     assert len(queues) == 24 + 2  # workers, supervisor, dead letters
-    dead_letters = {v["RedrivePolicy"]["deadLetterTargetArn"]["Fn::GetAtt"][0]
-                    for v in queues.values() if "RedrivePolicy" in v}
+    dead_letters = {
+        v["RedrivePolicy"]["deadLetterTargetArn"]["Fn::GetAtt"][0] for v in queues.values() if "RedrivePolicy" in v
+    }
     assert len(dead_letters) == 1
-    dlq, = dead_letters
+    (dlq,) = dead_letters
     for queue_id, props in queues.items():
         assert props["SqsManagedSseEnabled"] is True, queue_id
         if queue_id != dlq:
@@ -73,16 +74,20 @@ def test_topics_use_a_rotating_customer_key_and_refuse_plain_http(default):
     policies = default.of_type("AWS::SNS::TopicPolicy").values()
     for topic in ids.values():
         statements = [s for p in policies if {"Ref": topic} in p["Topics"] for s in p["PolicyDocument"]["Statement"]]
-        assert any(s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
-                   for s in statements)
+        assert any(
+            s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}} for s in statements
+        )
     # CloudWatch alarms publish to the events topic (from this account) and may use the key.
     events_policy = next(p for p in policies if {"Ref": ids["events"]} in p["Topics"])
     alarms = next(s for s in events_policy["PolicyDocument"]["Statement"] if s.get("Sid") == "CloudWatchAlarmsPublish")
     assert alarms["Principal"] == {"Service": "cloudwatch.amazonaws.com"} and alarms["Action"] == "sns:Publish"
     assert "aws:SourceAccount" in alarms["Condition"]["StringEquals"]
     key_statements = key["KeyPolicy"]["Statement"]
-    assert any(s["Principal"] == {"Service": "cloudwatch.amazonaws.com"}
-               and sorted(s["Action"]) == ["kms:Decrypt", "kms:GenerateDataKey"] for s in key_statements)
+    assert any(
+        s["Principal"] == {"Service": "cloudwatch.amazonaws.com"}
+        and sorted(s["Action"]) == ["kms:Decrypt", "kms:GenerateDataKey"]
+        for s in key_statements
+    )
 
 
 def test_who_may_send_and_receive(default):
@@ -95,8 +100,12 @@ def test_who_may_send_and_receive(default):
 
     def statements(name):
         role = default.functions[name]["Role"]["Fn::GetAtt"][0]
-        return [s for p in default.of_type("AWS::IAM::Policy").values() if {"Ref": role} in p["Roles"]
-                for s in p["PolicyDocument"]["Statement"]]
+        return [
+            s
+            for p in default.of_type("AWS::IAM::Policy").values()
+            if {"Ref": role} in p["Roles"]
+            for s in p["PolicyDocument"]["Statement"]
+        ]
 
     def targets(name, action):
         out = set()

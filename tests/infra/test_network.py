@@ -3,18 +3,24 @@ groups through which only the functions reach the cache and the endpoints."""
 
 from __future__ import annotations
 
-from infra_helpers import resolve
+from tests.helpers.infra import resolve
 
 
 def functions_group(synth) -> str:
-    return next(k for k, v in synth.of_type("AWS::EC2::SecurityGroup").items()
-                if v["GroupDescription"] == "Ebb worker and supervisor functions")
+    return next(
+        k
+        for k, v in synth.of_type("AWS::EC2::SecurityGroup").items()
+        if v["GroupDescription"] == "Ebb worker and supervisor functions"
+    )
 
 
 def ingress_rules(synth) -> list[dict]:
     """Every ingress rule: inline in a security group or a separate resource, with its group."""
-    rules = [{**r, "GroupId": {"Fn::GetAtt": [k, "GroupId"]}}
-             for k, v in synth.of_type("AWS::EC2::SecurityGroup").items() for r in v.get("SecurityGroupIngress", [])]
+    rules = [
+        {**r, "GroupId": {"Fn::GetAtt": [k, "GroupId"]}}
+        for k, v in synth.of_type("AWS::EC2::SecurityGroup").items()
+        for r in v.get("SecurityGroupIngress", [])
+    ]
     return rules + list(synth.of_type("AWS::EC2::SecurityGroupIngress").values())
 
 

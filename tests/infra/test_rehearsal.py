@@ -20,16 +20,23 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from infra_helpers import ROOT
-from moto_stack import STAND_INS, stack_in_moto
 
-from ebb.ports import deployment as names
 from ebb.data.synth import synth_ratings
 from ebb.engine.striping import PartSequence, position_of
+from ebb.ports import deployment as names
 from ebb.stores.local import FolderObjectStore
+from tests.helpers.infra import ROOT
+from tests.helpers.moto_stack import STAND_INS, stack_in_moto
 
-JOB = {"model": "pmf", "workers": 2, "seed": 3, "hyper": {"rank": 4}, "scaling": {"policy": "none"},
-       "sync": {"mode": "isp"}, "round_steps": 2}
+JOB = {
+    "model": "pmf",
+    "workers": 2,
+    "seed": 3,
+    "hyper": {"rank": 4},
+    "scaling": {"policy": "none"},
+    "sync": {"mode": "isp"},
+    "round_steps": 2,
+}
 STEPS = 4  # two rounds of two steps: the fewest that show a round handing over to the next
 EXECUTION_DEADLINE_S = 240  # a hung execution fails the test with its history, not the CI job
 # After an execution fails, every invocation of its job has returned within this (docs/AWS.md "Abort").
@@ -65,11 +72,24 @@ def stood_up(template: dict, folder: Path, prepared: str | None):
                 s3.put_object(Bucket=bucket, Key=f"datasets/ml/{key}", Body=store.get(key))
         events = sqs.create_queue(QueueName="job-events")["QueueUrl"]
         events_arn = sqs.get_queue_attributes(QueueUrl=events, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-        stack.client("sns").subscribe(TopicArn=stack.output(names.EVENTS_TOPIC_OUTPUT), Protocol="sqs",
-                                      Endpoint=events_arn, Attributes={"RawMessageDelivery": "true"})
-        yield SimpleNamespace(stack=stack, runtime=running.runtime, running=running, bucket=bucket, s3=s3, sqs=sqs,
-                              sfn=stack.client("stepfunctions"), events_queue=events, events=[],
-                              token=stack.cache_token)
+        stack.client("sns").subscribe(
+            TopicArn=stack.output(names.EVENTS_TOPIC_OUTPUT),
+            Protocol="sqs",
+            Endpoint=events_arn,
+            Attributes={"RawMessageDelivery": "true"},
+        )
+        yield SimpleNamespace(
+            stack=stack,
+            runtime=running.runtime,
+            running=running,
+            bucket=bucket,
+            s3=s3,
+            sqs=sqs,
+            sfn=stack.client("stepfunctions"),
+            events_queue=events,
+            events=[],
+            token=stack.cache_token,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +99,9 @@ def aws(default, small_ratings, tmp_path_factory):
 
 
 def _start(aws, name: str, spec: dict) -> str:
-    return aws.sfn.start_execution(stateMachineArn=aws.stack.output(names.STATE_MACHINE_OUTPUT), name=name,
-                                   input=json.dumps(spec))["executionArn"]
+    return aws.sfn.start_execution(
+        stateMachineArn=aws.stack.output(names.STATE_MACHINE_OUTPUT), name=name, input=json.dumps(spec)
+    )["executionArn"]
 
 
 def _wait(aws, arn: str) -> dict:
@@ -106,11 +127,14 @@ def _entered(history: list[dict]) -> list[str]:
 
 def _events(aws, job: str) -> list[dict]:
     """The events published about `job` (the queue holds every job's: those read are kept)."""
-    while got := aws.sqs.receive_message(QueueUrl=aws.events_queue, MaxNumberOfMessages=10,
-                                         WaitTimeSeconds=1).get("Messages", []):
+    while got := aws.sqs.receive_message(QueueUrl=aws.events_queue, MaxNumberOfMessages=10, WaitTimeSeconds=1).get(
+        "Messages", []
+    ):
         aws.events += [json.loads(m["Body"]) for m in got]
-        aws.sqs.delete_message_batch(QueueUrl=aws.events_queue, Entries=[
-            {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(got)])
+        aws.sqs.delete_message_batch(
+            QueueUrl=aws.events_queue,
+            Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(got)],
+        )
     return [e for e in aws.events if e.get("job_id") == job]
 
 
@@ -132,8 +156,9 @@ def _all_return(aws, job: str) -> float:
     started = time.monotonic()
     while running := [c for c in _of_job(aws.runtime.running(), job)]:
         if time.monotonic() - started > ORPHAN_DEADLINE_S:
-            pytest.fail(f"{[(c.function, c.event) for c in running]} still ran {ORPHAN_DEADLINE_S} s after the "
-                        "execution failed")
+            pytest.fail(
+                f"{[(c.function, c.event) for c in running]} still ran {ORPHAN_DEADLINE_S} s after the execution failed"
+            )
         time.sleep(0.2)
     return time.monotonic() - started
 
@@ -146,10 +171,20 @@ def test_two_worker_jobs_run_two_rounds_to_succeeded_with_and_without_out(aws, r
     epochs = STEPS * JOB["workers"] / len(_train_parts(aws, "datasets/ml"))
     aws.s3.put_object(Bucket=aws.bucket, Key="raw/ratings.csv", Body=raw_ratings.read_bytes())
     out = "jobs/rehearsal/prepared"
-    arns = {plain: _start(aws, plain, {**JOB, "data": "datasets/ml", "stop": {"max_epochs": epochs}}),
-            prepared: _start(aws, prepared, {
-                **JOB, "data": "datasets/from-raw", "out": out, "stop": {"max_epochs": 1.6},
-                "prepare": {"format": "movielens", "input": "raw/ratings.csv", "batch_size": 500}})}
+    arns = {
+        plain: _start(aws, plain, {**JOB, "data": "datasets/ml", "stop": {"max_epochs": epochs}}),
+        prepared: _start(
+            aws,
+            prepared,
+            {
+                **JOB,
+                "data": "datasets/from-raw",
+                "out": out,
+                "stop": {"max_epochs": 1.6},
+                "prepare": {"format": "movielens", "input": "raw/ratings.csv", "batch_size": 500},
+            },
+        ),
+    }
     runs = {job: _wait(aws, arn) for job, arn in arns.items()}
 
     for job, out_key in ((plain, f"jobs/{plain}"), (prepared, out)):
@@ -157,8 +192,11 @@ def test_two_worker_jobs_run_two_rounds_to_succeeded_with_and_without_out(aws, r
         assert run["status"] == "SUCCEEDED", (job, run.get("cause"))
         output = json.loads(run["output"])
         assert set(output) == FINISHED_OUTPUT and output["status"] == "finished"
-        assert output["report"] == {"status": "max_epochs", "report_key": f"s3://{aws.bucket}/{out_key}/report.json",
-                                    "model_key": f"s3://{aws.bucket}/{out_key}/model.npz"}
+        assert output["report"] == {
+            "status": "max_epochs",
+            "report_key": f"s3://{aws.bucket}/{out_key}/report.json",
+            "model_key": f"s3://{aws.bucket}/{out_key}/model.npz",
+        }
         report = json.loads(_stored(aws, f"{out_key}/report.json"))
         assert report["rounds"] >= 2 and report["steps"] == output["steps"]
         for key in ("model.npz", "loss.png"):
@@ -202,8 +240,9 @@ def test_a_worker_that_raises_ends_in_on_failure_a_failed_report_and_event(aws):
         body = b"spoiled" if key == spoiled else _stored(aws, f"datasets/ml/{key}")
         aws.s3.put_object(Bucket=aws.bucket, Key=f"datasets/broken/{key}", Body=body)
 
-    run = _run(aws, job, {**JOB, "data": "datasets/broken", "stop": {"max_epochs": 1},
-                          "faults": {"worker_timeout_s": 2}})
+    run = _run(
+        aws, job, {**JOB, "data": "datasets/broken", "stop": {"max_epochs": 1}, "faults": {"worker_timeout_s": 2}}
+    )
     assert run["status"] == "FAILED"
     assert run["error"] == "EngineError" and "does not match its checksum" in run["cause"]
     assert _entered(run["history"])[-3:] == ["RoundFailed", "OnFailure", "JobFailed"]
@@ -230,22 +269,27 @@ def test_a_lost_worker_fails_the_job_and_no_invocation_runs_on(aws):
     supervisor, which would go on without it, stops at OnFailure's abort marker and tells the
     other worker to, and the progress stays "failed"."""
     job = "rehearse-lost-1"
-    spec = {**JOB, "data": "datasets/ml", "round_steps": None, "stop": {"max_epochs": 10_000},
-            "faults": {"worker_timeout_s": 2, "on_worker_loss": "evict"}}
+    spec = {
+        **JOB,
+        "data": "datasets/ml",
+        "round_steps": None,
+        "stop": {"max_epochs": 10_000},
+        "faults": {"worker_timeout_s": 2, "on_worker_loss": "evict"},
+    }
     arn = _start(aws, job, spec)
     deadline = time.monotonic() + 60
     while not (progress := _progress(aws, job)) or progress.get("step", 0) < 3:
         assert time.monotonic() < deadline, "the job did not start training"
         time.sleep(0.2)
-    victim, = [c for c in _of_job(aws.runtime.of("worker"), job) if c.event["worker"] == 1]
+    (victim,) = [c for c in _of_job(aws.runtime.of("worker"), job) if c.event["worker"] == 1]
     victim.invocation.proc.kill()
     run = _wait(aws, arn)
     assert run["status"] == "FAILED" and run["error"] == "Runtime.ExitError"
     took = _all_return(aws, job)
-    supervisor, = _of_job(aws.runtime.of("supervisor"), job)
+    (supervisor,) = _of_job(aws.runtime.of("supervisor"), job)
     assert supervisor.error["errorType"] == "JobStopped", supervisor.error
     assert supervisor.error["errorMessage"].startswith("the job was stopped: Round failed: Runtime.ExitError")
-    survivor, = [c for c in _of_job(aws.runtime.of("worker"), job) if c.event["worker"] == 0]
+    (survivor,) = [c for c in _of_job(aws.runtime.of("worker"), job) if c.event["worker"] == 0]
     assert "gave the round up (the job was stopped" in survivor.error["errorMessage"], survivor.error
     time.sleep(1)  # nothing writes after the invocations have returned
     assert _progress(aws, job)["state"] == "failed", (took, _progress(aws, job))
@@ -257,8 +301,17 @@ def test_a_stopped_execution_stops_its_invocations(aws):
     """Stopped by hand (or timed out), an execution runs no Catch: the rule on its status change
     hands it to OnFailure, whose marker stops the round's supervisor and workers."""
     job = "rehearse-stopped-1"
-    arn = _start(aws, job, {**JOB, "data": "datasets/ml", "round_steps": None, "stop": {"max_epochs": 10_000},
-                            "faults": {"worker_timeout_s": 2}})
+    arn = _start(
+        aws,
+        job,
+        {
+            **JOB,
+            "data": "datasets/ml",
+            "round_steps": None,
+            "stop": {"max_epochs": 10_000},
+            "faults": {"worker_timeout_s": 2},
+        },
+    )
     deadline = time.monotonic() + 60
     while not (progress := _progress(aws, job)) or progress.get("step", 0) < 3:
         assert time.monotonic() < deadline, "the job did not start training"
@@ -268,9 +321,9 @@ def test_a_stopped_execution_stops_its_invocations(aws):
     for delivery in aws.running.execution_status_changed(arn, "ABORTED"):
         delivery.join(timeout=60)
     _all_return(aws, job)
-    handed, = [c for c in _of_job(aws.runtime.of("on_failure"), job) if c.event["failed_state"] == "Execution"]
+    (handed,) = [c for c in _of_job(aws.runtime.of("on_failure"), job) if c.event["failed_state"] == "Execution"]
     assert handed.result == {"status": "failed", "report_key": f"s3://{aws.bucket}/jobs/{job}/report.json"}
-    supervisor, = _of_job(aws.runtime.of("supervisor"), job)
+    (supervisor,) = _of_job(aws.runtime.of("supervisor"), job)
     stopped = "Execution failed: ABORTED: the execution ended before its job did (stopped by hand, or past its timeout)"
     assert supervisor.error["errorMessage"] == f"the job was stopped: {stopped}", supervisor.error
     assert _progress(aws, job)["state"] == "failed"
@@ -295,7 +348,7 @@ def test_a_bad_spec_fails_in_validate_with_the_field_named(aws):
     assert json.loads(run["cause"])["errorMessage"].startswith(message)
     assert _entered(run["history"]) == ["Validate", "ValidateFailed", "OnFailure", "JobFailed"]
     # No job was started, so no report; the event says why.
-    failed, = _events(aws, "(not started)")
+    (failed,) = _events(aws, "(not started)")
     assert failed["event"] == names.JOB_FAILED
     assert failed["error"].startswith(f"Validate failed: JobSpecError: {message}")
     assert failed["report"] is None
@@ -306,19 +359,21 @@ def test_validate_refuses_a_round_the_account_cannot_run_at_once(aws, monkeypatc
     run = _run(aws, "rehearse-quota-1", {**JOB, "data": "datasets/ml"})
     assert run["status"] == "FAILED" and run["error"] == "JobSpecError"
     assert json.loads(run["cause"])["errorMessage"].startswith(
-        "workers: a round runs 2 workers and the supervisor at once, 3 concurrent Lambda invocations")
+        "workers: a round runs 2 workers and the supervisor at once, 3 concurrent Lambda invocations"
+    )
     assert aws.stack.denied == []
 
 
 def test_a_raw_file_with_a_bad_row_fails_in_prepare_naming_the_line(aws):
     job = "rehearse-badraw-1"
-    aws.s3.put_object(Bucket=aws.bucket, Key="raw/bad.csv",
-                      Body=b"userId,movieId,rating,timestamp\n1,2,3.5,10\n1,x,4,11\n")
+    aws.s3.put_object(
+        Bucket=aws.bucket, Key="raw/bad.csv", Body=b"userId,movieId,rating,timestamp\n1,2,3.5,10\n1,x,4,11\n"
+    )
     spec = {**JOB, "data": "datasets/bad-raw", "prepare": {"format": "movielens", "input": "raw/bad.csv"}}
     run = _run(aws, job, spec)
     assert run["status"] == "FAILED"
     assert _entered(run["history"]) == ["Validate", "Prepare?", "Prepare", "PrepareFailed", "OnFailure", "JobFailed"]
-    prepare, = _of_job(aws.runtime.of("prepare"), job)
+    (prepare,) = _of_job(aws.runtime.of("prepare"), job)
     assert prepare.event == {"job_id": job, "spec_key": f"jobs/{job}/spec.json"}
     report = json.loads(_stored(aws, f"jobs/{job}/report.json"))
     assert report["status"] == "failed" and report["failed_state"] == "Prepare"
@@ -330,21 +385,36 @@ def test_a_raw_file_with_a_bad_row_fails_in_prepare_naming_the_line(aws):
 # -- scripts/rehearse.sh: the same stack, used through the ebb command --------------------------
 def test_rehearse_sh_creates_the_stack_and_runs_a_job_as_a_user_would(default):
     template = default.outdir / "Ebb.template.json"
-    done = subprocess.run(["bash", "scripts/rehearse.sh", "--template", str(template)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        ["bash", "scripts/rehearse.sh", "--template", str(template)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     out = done.stdout
     assert done.returncode == 0, out[-4000:] + done.stderr[-2000:]
-    created = re.search(r"stack Ebb: CREATE_COMPLETE in moto's CloudFormation at http://127\.0\.0\.1:\d+: (\d+) "
-                        r"resources created, (\d+) stood in for; IAM enforced", out)
+    created = re.search(
+        r"stack Ebb: CREATE_COMPLETE in moto's CloudFormation at http://127\.0\.0\.1:\d+: (\d+) "
+        r"resources created, (\d+) stood in for; IAM enforced",
+        out,
+    )
     assert created and sum(map(int, created.groups())) == len(default.resources), out[:2000]
     # Each type moto cannot create is named, with what stands in for it.
     present = {r["Type"] for r in default.resources.values()} & set(STAND_INS)
     assert present and all(f"{t}: moto cannot create it; in its place: {STAND_INS[t]}" in out for t in present)
-    watched = out[out.index("==> ebb watch"):out.index("==> ebb report")]
+    watched = out[out.index("==> ebb watch") : out.index("==> ebb report")]
     assert re.search(r"succeeded +round 0 +step 3", watched), watched
     assert re.search(r"max_epochs: 4 steps, .*; test rmse \d\.\d{4}; est\. AWS cost \$", out), out
     assert "0 requests refused by IAM" in out and out.rstrip().endswith("its report is above")
 
-    missing = subprocess.run(["bash", "scripts/rehearse.sh", "--template", str(template) + ".missing"], cwd=ROOT,
-                             capture_output=True, text=True, timeout=60, check=False)
+    missing = subprocess.run(
+        ["bash", "scripts/rehearse.sh", "--template", str(template) + ".missing"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert missing.returncode == 2 and "no such file" in missing.stderr

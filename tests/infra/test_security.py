@@ -7,7 +7,8 @@ import json
 import re
 
 import yaml
-from infra_helpers import ROOT, resolve
+
+from tests.helpers.infra import ROOT, resolve
 
 CREDENTIAL_KEY = re.compile(r"password|passwords|authtoken|token|secretstring", re.IGNORECASE)
 
@@ -56,7 +57,7 @@ def test_no_secret_value_is_in_the_template(default, serverless):
             if isinstance(node, dict):
                 for key, value in node.items():
                     if CREDENTIAL_KEY.fullmatch(key) and not isinstance(value, bool):
-                        for leaf in (value if isinstance(value, list) else [value]):
+                        for leaf in value if isinstance(value, list) else [value]:
                             text = resolve(leaf)
                             assert text.startswith("{{resolve:secretsmanager:"), (path + [key], leaf)
                             references.append(path + [key])
@@ -73,7 +74,7 @@ def test_no_secret_value_is_in_the_template(default, serverless):
         assert text.count("{{resolve:secretsmanager:") == len(references)
         for props in synth.functions.values():
             assert "resolve:secretsmanager" not in json.dumps(props["Environment"])
-        secret, = synth.of_type("AWS::SecretsManager::Secret").values()
+        (secret,) = synth.of_type("AWS::SecretsManager::Secret").values()
         assert "GenerateSecretString" in secret and "SecretString" not in secret
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from infra_helpers import KEPT_BUCKET
+from tests.helpers.infra import KEPT_BUCKET
 
 
 def test_buckets_are_encrypted_private_and_ssl_only(default):
@@ -14,9 +14,17 @@ def test_buckets_are_encrypted_private_and_ssl_only(default):
     for props in buckets.values():
         assert props["BucketEncryption"]["ServerSideEncryptionConfiguration"]
         assert props["PublicAccessBlockConfiguration"] == {
-            "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True}
-    denies = [s for p in default.of_type("AWS::S3::BucketPolicy").values() for s in p["PolicyDocument"]["Statement"]
-              if s["Effect"] == "Deny" and s.get("Condition", {}).get("Bool", {}).get("aws:SecureTransport") == "false"]
+            "BlockPublicAcls": True,
+            "BlockPublicPolicy": True,
+            "IgnorePublicAcls": True,
+            "RestrictPublicBuckets": True,
+        }
+    denies = [
+        s
+        for p in default.of_type("AWS::S3::BucketPolicy").values()
+        for s in p["PolicyDocument"]["Statement"]
+        if s["Effect"] == "Deny" and s.get("Condition", {}).get("Bool", {}).get("aws:SecureTransport") == "false"
+    ]
     assert len(denies) == 2
 
 

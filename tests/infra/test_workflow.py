@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 
-LAMBDA_ERRORS = ["Lambda.ServiceException", "Lambda.AWSLambdaException", "Lambda.SdkClientException",
-                 "Lambda.TooManyRequestsException"]
+LAMBDA_ERRORS = [
+    "Lambda.ServiceException",
+    "Lambda.AWSLambdaException",
+    "Lambda.SdkClientException",
+    "Lambda.TooManyRequestsException",
+]
 
 
 def all_states(definition: dict) -> dict[str, dict]:
@@ -39,18 +43,30 @@ def test_the_job_flows_validate_prepare_rounds_finalize(default):
     assert round_state["Type"] == "Parallel" and round_state["OutputPath"] == "$[0]"
     supervisor_branch, workers_branch = round_state["Branches"]
     supervisor = supervisor_branch["States"]["Supervisor"]
-    assert supervisor["Parameters"]["Payload"] == {"job_id.$": "$.job_id", "spec_key.$": "$.spec_key",
-                                                   "round.$": "$.round"}
+    assert supervisor["Parameters"]["Payload"] == {
+        "job_id.$": "$.job_id",
+        "spec_key.$": "$.spec_key",
+        "round.$": "$.round",
+    }
     assert supervisor["Next"] == "NextRound"
     assert supervisor_branch["States"]["NextRound"]["Parameters"] == {
-        "job_id.$": "$.job_id", "spec_key.$": "$.spec_key", "status.$": "$.supervisor.status",
-        "round.$": "$.supervisor.round", "workers.$": "$.supervisor.workers", "steps.$": "$.supervisor.steps",
-        "stop_reason.$": "$.supervisor.stop_reason"}
+        "job_id.$": "$.job_id",
+        "spec_key.$": "$.spec_key",
+        "status.$": "$.supervisor.status",
+        "round.$": "$.supervisor.round",
+        "workers.$": "$.supervisor.workers",
+        "steps.$": "$.supervisor.steps",
+        "stop_reason.$": "$.supervisor.stop_reason",
+    }
     workers = workers_branch["States"]["Workers"]
     assert workers["Type"] == "Map" and workers["ItemsPath"] == "$.workers"
     assert workers["MaxConcurrency"] == 0 and workers["ItemProcessor"]["ProcessorConfig"] == {"Mode": "INLINE"}
-    assert workers["ItemSelector"] == {"job_id.$": "$.job_id", "spec_key.$": "$.spec_key", "round.$": "$.round",
-                                       "worker.$": "$$.Map.Item.Value"}
+    assert workers["ItemSelector"] == {
+        "job_id.$": "$.job_id",
+        "spec_key.$": "$.spec_key",
+        "round.$": "$.round",
+        "worker.$": "$$.Map.Item.Value",
+    }
     assert workers["ResultPath"] is None
 
     loop = states[round_state["Next"]]
@@ -61,8 +77,14 @@ def test_the_job_flows_validate_prepare_rounds_finalize(default):
 
 def test_each_task_invokes_its_function(default):
     states = all_states(default.definition)
-    for state_name, function in (("Validate", "validate"), ("Prepare", "prepare"), ("Supervisor", "supervisor"),
-                                 ("Worker", "worker"), ("Finalize", "finalize"), ("OnFailure", "on_failure")):
+    for state_name, function in (
+        ("Validate", "validate"),
+        ("Prepare", "prepare"),
+        ("Supervisor", "supervisor"),
+        ("Worker", "worker"),
+        ("Finalize", "finalize"),
+        ("OnFailure", "on_failure"),
+    ):
         assert invoked_function(states[state_name]) == f"<{default.function_id(function)}.Arn>", state_name
 
 
@@ -78,7 +100,7 @@ def test_every_task_retries_lambda_service_errors_only(default):
     assert set(tasks) == {"Validate", "Prepare", "Supervisor", "Worker", "Finalize", "OnFailure"}
     for name, task in tasks.items():
         assert task["Resource"].endswith(":states:::lambda:invoke"), name
-        retry, = task["Retry"]
+        (retry,) = task["Retry"]
         assert retry["ErrorEquals"] == LAMBDA_ERRORS, name
         assert retry["BackoffRate"] == 2 and retry["IntervalSeconds"] == 2 and retry["MaxAttempts"] == 6
         assert retry["MaxDelaySeconds"] == 60 and retry["JitterStrategy"] == "FULL"
@@ -87,7 +109,7 @@ def test_every_task_retries_lambda_service_errors_only(default):
 def test_every_failure_records_its_state_then_runs_on_failure_then_fails(default):
     states = default.definition["States"]
     for name in ("Validate", "Prepare", "Round", "Finalize"):
-        catch, = states[name]["Catch"]
+        (catch,) = states[name]["Catch"]
         assert catch["ErrorEquals"] == ["States.ALL"] and catch["ResultPath"] == "$.error"
         recorder = states[catch["Next"]]
         assert recorder["Type"] == "Pass" and recorder["Next"] == "OnFailure"
@@ -100,8 +122,9 @@ def test_every_failure_records_its_state_then_runs_on_failure_then_fails(default
     fail = states[on_failure["Next"]]
     assert fail == {"Type": "Fail", "ErrorPath": "$.error.Error", "CausePath": "$.error.Cause"}
     # OnFailure failing does not hide the original error: its own goes beside it, then the same Fail.
-    assert on_failure["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.on_failure_error",
-                                    "Next": on_failure["Next"]}]
+    assert on_failure["Catch"] == [
+        {"ErrorEquals": ["States.ALL"], "ResultPath": "$.on_failure_error", "Next": on_failure["Next"]}
+    ]
     # The tasks inside the round have no Catch of their own: the Round's catches them.
     branches = states["Round"]["Branches"]
     assert "Catch" not in branches[0]["States"]["Supervisor"]
@@ -115,9 +138,13 @@ def test_more_than_forty_workers_run_as_a_distributed_map(scaled):
     assert workers["ItemsPath"] == "$.workers"
     sm_id, _ = scaled.one("AWS::StepFunctions::StateMachine")
     role = scaled.resources[sm_id]["Properties"]["RoleArn"]["Fn::GetAtt"][0]
-    actions = {a for p in scaled.of_type("AWS::IAM::Policy").values() if {"Ref": role} in p["Roles"]
-               for s in p["PolicyDocument"]["Statement"]
-               for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+    actions = {
+        a
+        for p in scaled.of_type("AWS::IAM::Policy").values()
+        if {"Ref": role} in p["Roles"]
+        for s in p["PolicyDocument"]["Statement"]
+        for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
+    }
     assert {"states:StartExecution", "states:DescribeExecution", "states:StopExecution"} <= actions
 
 
@@ -136,14 +163,20 @@ def test_executions_are_logged_and_traced(default):
 def test_an_execution_stopped_or_timed_out_goes_to_on_failure(default):
     (rule,) = default.of_type("AWS::Events::Rule").values()
     machine, _ = default.one("AWS::StepFunctions::StateMachine")
-    assert rule["EventPattern"] == {"source": ["aws.states"], "detail-type": ["Step Functions Execution Status Change"],
-                                    "detail": {"stateMachineArn": [{"Ref": machine}],
-                                               "status": ["ABORTED", "TIMED_OUT"]}}
+    assert rule["EventPattern"] == {
+        "source": ["aws.states"],
+        "detail-type": ["Step Functions Execution Status Change"],
+        "detail": {"stateMachineArn": [{"Ref": machine}], "status": ["ABORTED", "TIMED_OUT"]},
+    }
     (target,) = rule["Targets"]
     assert target["Arn"] == {"Fn::GetAtt": [default.function_id("on_failure"), "Arn"]}
     payload = target["InputTransformer"]
     assert payload["InputPathsMap"] == {"detail-name": "$.detail.name", "detail-status": "$.detail.status"}
-    assert json.loads(payload["InputTemplate"].replace("<detail-name>", '"x"').replace("<detail-status>", '"y"'))[
-        "failed_state"] == "Execution"
+    assert (
+        json.loads(payload["InputTemplate"].replace("<detail-name>", '"x"').replace("<detail-status>", '"y"'))[
+            "failed_state"
+        ]
+        == "Execution"
+    )
     (permission,) = default.of_type("AWS::Lambda::Permission").values()
     assert permission["Principal"] == "events.amazonaws.com" and permission["FunctionName"] == target["Arn"]

@@ -20,9 +20,9 @@ parameters whatever the units.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
-from collections.abc import Callable
 
 import numpy as np
 from scipy.optimize import least_squares, nnls

@@ -199,9 +199,7 @@ def find_knee(
     steepest smoothed descent so far and stays so for ``patience`` consecutive steps; it
     is confirmed ``patience - 1`` steps after the returned index. See the module doc.
     """
-    detector = KneeDetector(
-        alpha=alpha, tolerance=tolerance, patience=patience, min_steps=min_steps, min_drop=min_drop
-    )
+    detector = KneeDetector(alpha=alpha, tolerance=tolerance, patience=patience, min_steps=min_steps, min_drop=min_drop)
     for loss in losses:
         if detector.update(loss) is not None:
             return detector.knee

@@ -148,10 +148,7 @@ class SchedulePolicy:
             target = min(self.max_workers, target)
         if target == workers:
             return None
-        reason = (
-            f"schedule: {target} workers from epoch {boundary} "
-            f"(entry epoch {entry.epoch:g}: {entry.workers})"
-        )
+        reason = f"schedule: {target} workers from epoch {boundary} (entry epoch {entry.epoch:g}: {entry.workers})"
         if target < workers:
             return ScaleDecision("evict", workers - target, reason)
         return ScaleDecision("join", target - workers, reason)

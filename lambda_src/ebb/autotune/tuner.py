@@ -133,8 +133,9 @@ class ScaleInTuner:
         self.min_workers = int(min_workers)
         self.min_fit_points = int(min_fit_points)
         self.fit_alpha = float(fit_alpha)
-        self.knee = KneeDetector(alpha=knee_alpha, tolerance=knee_tolerance, patience=knee_patience,
-                                 min_drop=knee_min_drop)
+        self.knee = KneeDetector(
+            alpha=knee_alpha, tolerance=knee_tolerance, patience=knee_patience, min_drop=knee_min_drop
+        )
         # Observations kept for fitting: all of them until the knee, then only those
         # since the last eviction decision (older ones are never needed again).
         self._steps: list[int] = []
@@ -237,9 +238,16 @@ class ScaleInTuner:
         throughput = self.throughput_after_eviction(workers)
         keeps_pace = throughput is None or throughput >= 1.0 - self.throughput_tolerance
         evict = s_delta is not None and s_delta < self.tolerance and keeps_pace
-        self.decisions.append({"step": steps[-1], "elapsed_s": round(float(elapsed_s), 3), "workers": int(workers),
-                               "s_delta": s_delta,
-                               "throughput": None if throughput is None else round(throughput, 4), "evict": evict})
+        self.decisions.append(
+            {
+                "step": steps[-1],
+                "elapsed_s": round(float(elapsed_s), 3),
+                "workers": int(workers),
+                "s_delta": s_delta,
+                "throughput": None if throughput is None else round(throughput, 4),
+                "evict": evict,
+            }
+        )
         if not evict:
             return None
         reason = f"s_delta={s_delta:.4f} < S={self.tolerance:g} at step {steps[-1]} with {workers} workers"
@@ -271,8 +279,11 @@ class ScaleInTuner:
         """
         if self.throughput_tolerance >= 1.0 or self.reference_workers is None:
             return None
-        measured = {p: seconds / count for p, (seconds, count) in self.step_time.items()
-                    if count >= MIN_TIMED_STEPS and seconds > 0}
+        measured = {
+            p: seconds / count
+            for p, (seconds, count) in self.step_time.items()
+            if count >= MIN_TIMED_STEPS and seconds > 0
+        }
         full, now = measured.get(self.reference_workers), measured.get(workers)
         if full is None or now is None or workers < 2:
             return None

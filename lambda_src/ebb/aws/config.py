@@ -14,6 +14,7 @@ from functools import cache
 
 from ebb.ports import deployment as names
 
+
 class ConfigError(RuntimeError):
     """A variable the stack should have set is missing or malformed."""
 
@@ -34,11 +35,16 @@ class AwsConfig:
         try:
             max_workers = int(env.get(names.MAX_WORKERS_ENV, "64"))
         except ValueError:
-            raise ConfigError(f"{names.MAX_WORKERS_ENV} must be an integer, "
-                              f"got {env[names.MAX_WORKERS_ENV]!r}") from None
-        return cls(bucket=env[names.BUCKET_ENV], max_workers=max_workers,
-                   events_topic_arn=env.get(names.EVENTS_TOPIC_ENV) or None,
-                   metrics_namespace=env.get(names.METRICS_NAMESPACE_ENV, names.METRICS_NAMESPACE), env=env)
+            raise ConfigError(
+                f"{names.MAX_WORKERS_ENV} must be an integer, got {env[names.MAX_WORKERS_ENV]!r}"
+            ) from None
+        return cls(
+            bucket=env[names.BUCKET_ENV],
+            max_workers=max_workers,
+            events_topic_arn=env.get(names.EVENTS_TOPIC_ENV) or None,
+            metrics_namespace=env.get(names.METRICS_NAMESPACE_ENV, names.METRICS_NAMESPACE),
+            env=env,
+        )
 
 
 @cache

@@ -15,9 +15,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from ebb.ports import deployment as names
 from ebb.aws.config import ConfigError
 from ebb.aws.jobs import JobSpecError
+from ebb.ports import deployment as names
 from ebb.spec import JobSpec
 
 # Of the supervisor's timeout, what a round leaves for its last steps, every checkpoint
@@ -46,14 +46,18 @@ class Deployment:
             doc = json.loads(raw)
             return cls(**{f.name: doc[f.name] for f in fields(cls)})
         except (ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"{names.DEPLOYMENT_ENV} is malformed ({type(exc).__name__}: {exc}): "
-                              "deploy the stack again") from None
+            raise ConfigError(
+                f"{names.DEPLOYMENT_ENV} is malformed ({type(exc).__name__}: {exc}): deploy the stack again"
+            ) from None
 
     def priced(self, spec: JobSpec) -> JobSpec:
         """The spec with its ``aws:`` section replaced by what this deployment runs it on, so
         that the supervisor's cost meter, the budget and the report price the real functions."""
-        update: dict = {"memory_mb": self.worker_memory_mb, "supervisor_memory_mb": self.supervisor_memory_mb,
-                        "arch": self.arch}
+        update: dict = {
+            "memory_mb": self.worker_memory_mb,
+            "supervisor_memory_mb": self.supervisor_memory_mb,
+            "arch": self.arch,
+        }
         if self.cache_node_type is not None:
             update.update(cache_node_type=self.cache_node_type, cache_nodes=self.cache_nodes)
         return spec.model_copy(update={"aws": spec.aws.model_copy(update=update)})
@@ -83,7 +87,8 @@ class Deployment:
             f"{field}: this job may run {rounds} rounds of {spec.workers} workers, about {events:,} events in its "
             f"execution's history, past the {names.HISTORY_LIMIT:,} a Step Functions execution holds: give it "
             f"{remedy} or fewer workers, or deploy with ebb:maxWorkers above {names.INLINE_MAP_LIMIT} (the workers "
-            "then run as a Distributed Map, whose child executions keep their own histories)")
+            "then run as a Distributed Map, whose child executions keep their own histories)"
+        )
 
     def check_concurrency(self, workers: int, account: Mapping, region: str) -> None:
         """Refuse a job whose round (P workers and the supervisor, all at once) needs more
@@ -97,7 +102,8 @@ class Deployment:
             f"workers: a round runs {workers} workers and the supervisor at once, {needed} concurrent Lambda "
             f"invocations from the unreserved pool, but this account's in {region} holds {unreserved} (of "
             f"{limits['ConcurrentExecutions']}): request a higher 'Concurrent executions' quota for AWS Lambda in "
-            f"Service Quotas (README, 'Quotas'), or run at most {max(unreserved - needed + workers, 0)} workers")
+            f"Service Quotas (README, 'Quotas'), or run at most {max(unreserved - needed + workers, 0)} workers"
+        )
 
 
 def account_settings(client=None) -> dict:

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
-from ebb.ports import deployment as names
 from ebb.aws.config import AwsConfig
+from ebb.ports import deployment as names
 from ebb.ports.keys import PROGRESS_KEY
 from ebb.ports.objects import ObjectStore
 from ebb.spec import JobSpec
@@ -163,35 +163,50 @@ def normalise_for_aws(spec: JobSpec, config: AwsConfig, job_id: str) -> JobSpec:
     def readable(field: str, location: str) -> str:
         url = absolute(location)
         if not url.startswith(f"{bucket}/"):
-            raise JobSpecError(f"{field}: {location} is outside this stack's bucket; the functions may read only "
-                               f"{bucket}/ (a local folder given to `ebb submit` is uploaded there)")
+            raise JobSpecError(
+                f"{field}: {location} is outside this stack's bucket; the functions may read only "
+                f"{bucket}/ (a local folder given to `ebb submit` is uploaded there)"
+            )
         return url
 
     if spec.out:
         out = absolute(spec.out)
         if not out.startswith(f"{bucket}/{names.JOBS}") or out.rstrip("/") == f"{bucket}/{names.JOBS.rstrip('/')}":
-            raise JobSpecError(f"out: {spec.out} is outside what this stack may write; a job's outputs go under "
-                               f"{bucket}/{names.JOBS} (e.g. out: {names.JOBS}my-run), or leave out unset for "
-                               f"{names.JOBS}<execution>")
+            raise JobSpecError(
+                f"out: {spec.out} is outside what this stack may write; a job's outputs go under "
+                f"{bucket}/{names.JOBS} (e.g. out: {names.JOBS}my-run), or leave out unset for "
+                f"{names.JOBS}<execution>"
+            )
 
     if spec.redis_urls:
         raise JobSpecError("redis_urls: a deployed job uses the stack's cache; remove the field")
     if spec.workers > config.max_workers:
-        raise JobSpecError(f"workers: {spec.workers} is more than this deployment's {config.max_workers} "
-                           "(CDK context ebb:maxWorkers)")
+        raise JobSpecError(
+            f"workers: {spec.workers} is more than this deployment's {config.max_workers} (CDK context ebb:maxWorkers)"
+        )
     grows = max([spec.workers] + [e.workers for e in spec.scaling.schedule])
     if spec.scaling.policy == "schedule" and grows > spec.workers:
-        raise JobSpecError(f"scaling.schedule: {grows} workers is more than the {spec.workers} the job starts with; "
-                           "on AWS a schedule may only remove workers (start with the most you need)")
-    update: dict = {"data": readable("data", spec.data),
-                    "out": absolute(spec.out) if spec.out else f"{bucket}/{names.job_prefix(job_id)}"}
+        raise JobSpecError(
+            f"scaling.schedule: {grows} workers is more than the {spec.workers} the job starts with; "
+            "on AWS a schedule may only remove workers (start with the most you need)"
+        )
+    update: dict = {
+        "data": readable("data", spec.data),
+        "out": absolute(spec.out) if spec.out else f"{bucket}/{names.job_prefix(job_id)}",
+    }
     if spec.prepare is not None:
         if not update["data"].startswith(f"{bucket}/{names.DATASETS}"):
-            raise JobSpecError(f"data: with a prepare section, data must be under {names.DATASETS} in the bucket "
-                               f"(the Prepare function writes only there), got {spec.data}")
-        prepare = spec.prepare.model_copy(update={
-            "input": readable("prepare.input", spec.prepare.input),
-            "test_input": readable("prepare.test_input", spec.prepare.test_input) if spec.prepare.test_input
-            else None})
+            raise JobSpecError(
+                f"data: with a prepare section, data must be under {names.DATASETS} in the bucket "
+                f"(the Prepare function writes only there), got {spec.data}"
+            )
+        prepare = spec.prepare.model_copy(
+            update={
+                "input": readable("prepare.input", spec.prepare.input),
+                "test_input": readable("prepare.test_input", spec.prepare.test_input)
+                if spec.prepare.test_input
+                else None,
+            }
+        )
         update["prepare"] = prepare
     return spec.model_copy(update=update)

@@ -11,8 +11,10 @@ from ebb.ports.launcher import WorkerStart
 class MapLauncher:
     def launch(self, start: WorkerStart) -> None:
         if start.donor_blob is not None:
-            raise EngineError(f"worker {start.worker} would join mid-round, which the deployed state machine "
-                              "cannot start (scaling.schedule may only remove workers on AWS)")
+            raise EngineError(
+                f"worker {start.worker} would join mid-round, which the deployed state machine "
+                "cannot start (scaling.schedule may only remove workers on AWS)"
+            )
 
     def exited(self) -> dict[int, str]:
         return {}  # a worker whose invocation fails fails the round's Map; silence shows in its heartbeats

@@ -10,8 +10,8 @@ import time
 from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
-from ebb.ports import deployment as names
 from ebb.aws.jobs import Job
+from ebb.ports import deployment as names
 
 FLUSH_EVERY_STEPS = 10
 FLUSH_EVERY_S = 10.0
@@ -34,8 +34,11 @@ class CloudWatchSink:
 
     def step(self, record: dict) -> None:
         self.pending.append(record)
-        if len(self.pending) >= self.every_steps or time.monotonic() - self._flushed_at >= self.every_s \
-                or record.get("stop"):
+        if (
+            len(self.pending) >= self.every_steps
+            or time.monotonic() - self._flushed_at >= self.every_s
+            or record.get("stop")
+        ):
             self.flush()
 
     def flush(self) -> None:
@@ -64,8 +67,10 @@ class CloudWatchSink:
         self.last = self.pending[-1]
         if self.job.aborted() is None:  # a failed job's progress says "failed", not "running"
             shown = ("step", "time", "loss", "epoch", "workers", "round", "cost_usd")
-            self.job.write_progress({key: self.last[key] for key in shown if key in self.last}
-                                    | {"state": "running", "updated_at": time.time()})
+            self.job.write_progress(
+                {key: self.last[key] for key in shown if key in self.last}
+                | {"state": "running", "updated_at": time.time()}
+            )
         self.pending = []
         self._flushed_at = time.monotonic()
 

@@ -7,8 +7,8 @@ import json
 
 import boto3
 
-from ebb.ports import deployment as names
 from ebb.aws.config import AwsConfig
+from ebb.ports import deployment as names
 
 
 def publish_job_event(config: AwsConfig, kind: str, job_id: str, detail: dict, client=None) -> None:
@@ -17,6 +17,8 @@ def publish_job_event(config: AwsConfig, kind: str, job_id: str, detail: dict, c
         return
     body = {"event": kind, "job_id": job_id, **detail}
     (client or boto3.client("sns")).publish(
-        TopicArn=config.events_topic_arn, Subject=f"Ebb {kind}: {job_id}"[:100],
+        TopicArn=config.events_topic_arn,
+        Subject=f"Ebb {kind}: {job_id}"[:100],
         Message=json.dumps(body, default=str),
-        MessageAttributes={names.EVENT_ATTRIBUTE: {"DataType": "String", "StringValue": kind}})
+        MessageAttributes={names.EVENT_ATTRIBUTE: {"DataType": "String", "StringValue": kind}},
+    )

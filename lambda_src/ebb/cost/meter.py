@@ -12,8 +12,8 @@ Step Functions counts the states of each round and two per worker invocation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ebb.cost.model import Usage, estimate_cost, load_prices
 
@@ -39,11 +39,17 @@ class JobAccount:
 def usage_of(spec, account: JobAccount) -> Usage:
     """The AWS usage a job with ``spec`` would have had for what ``account`` measured."""
     usage = Usage(
-        worker_seconds=account.worker_seconds, memory_mb=spec.aws.memory_mb,
-        supervisor_seconds=account.wall_seconds, supervisor_memory_mb=spec.aws.supervisor_memory_mb,
-        arch=spec.aws.arch, invocations=account.worker_invocations + account.rounds,
-        wall_seconds=account.wall_seconds, cache_node_type=spec.aws.cache_node_type,
-        cache_nodes=spec.aws.cache_nodes, s3_get=account.object_gets, s3_put=account.object_puts + _OUTPUT_PUTS,
+        worker_seconds=account.worker_seconds,
+        memory_mb=spec.aws.memory_mb,
+        supervisor_seconds=account.wall_seconds,
+        supervisor_memory_mb=spec.aws.supervisor_memory_mb,
+        arch=spec.aws.arch,
+        invocations=account.worker_invocations + account.rounds,
+        wall_seconds=account.wall_seconds,
+        cache_node_type=spec.aws.cache_node_type,
+        cache_nodes=spec.aws.cache_nodes,
+        s3_get=account.object_gets,
+        s3_put=account.object_puts + _OUTPUT_PUTS,
         sfn_transitions=_STATES_PER_JOB + account.rounds * _STATES_PER_ROUND + 2 * account.worker_invocations,
     )
     if spec.aws.signal_channel == "sns_sqs":

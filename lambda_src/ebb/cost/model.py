@@ -189,9 +189,19 @@ class Usage:
 
 def _check_usage(usage: Usage, prices: Prices) -> None:
     for name in (
-        "worker_seconds", "supervisor_seconds", "invocations", "wall_seconds", "cache_nodes",
-        "cache_data_gb", "cache_ecpu", "sns_chunks", "sqs_chunks", "s3_get", "s3_put",
-        "s3_list", "sfn_transitions",
+        "worker_seconds",
+        "supervisor_seconds",
+        "invocations",
+        "wall_seconds",
+        "cache_nodes",
+        "cache_data_gb",
+        "cache_ecpu",
+        "sns_chunks",
+        "sqs_chunks",
+        "s3_get",
+        "s3_put",
+        "s3_list",
+        "sfn_transitions",
     ):
         value = getattr(usage, name)
         if not math.isfinite(value) or value < 0:
@@ -257,9 +267,7 @@ def estimate_cost(usage: Usage, prices: Prices) -> dict:
 def perf_per_dollar(wall_seconds: float, total_usd: float) -> float:
     """MLLess's composite metric ``1 / (execution time in s × price in $)``; higher is better."""
     if not wall_seconds > 0 or not total_usd > 0:
-        raise ValueError(
-            f"perf_per_dollar needs positive time and cost, got {wall_seconds} s and ${total_usd}"
-        )
+        raise ValueError(f"perf_per_dollar needs positive time and cost, got {wall_seconds} s and ${total_usd}")
     return 1.0 / (wall_seconds * total_usd)
 
 

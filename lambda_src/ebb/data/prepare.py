@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -48,8 +48,11 @@ from ebb.spec import PrepareSpec, field_default
 
 FORMAT_KINDS = {"movielens": "ratings", "criteo": "sparse", "libsvm": "sparse", "csv": "dense"}
 # prepare_dataset's defaults are the job spec's (``ebb prepare``, a job's prepare section).
-_DEFAULT = {name: field_default(PrepareSpec, name) for name in PrepareSpec.model_fields
-            if not PrepareSpec.model_fields[name].is_required()}
+_DEFAULT = {
+    name: field_default(PrepareSpec, name)
+    for name in PrepareSpec.model_fields
+    if not PrepareSpec.model_fields[name].is_required()
+}
 DEFAULT_BUCKET_BYTES = 64 << 20
 MAX_BUCKETS = 4096
 PROGRESS_EVERY = 100_000

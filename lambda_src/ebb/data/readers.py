@@ -25,9 +25,9 @@ import io
 import os
 import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
-from collections.abc import Iterator
 
 import numpy as np
 
@@ -277,8 +277,9 @@ class MovieLensReader(_LineReader):
         if table.shape[1] != 4:
             return None
         ids = table[:, :2]
-        if not (np.isfinite(table).all() and (ids == np.round(ids)).all()
-                and (np.abs(table[:, 2]) <= MAX_RATING).all()):
+        if not (
+            np.isfinite(table).all() and (ids == np.round(ids)).all() and (np.abs(table[:, 2]) <= MAX_RATING).all()
+        ):
             return None  # the line-by-line path names the bad row
         return {
             "user": ids[:, 0].astype(np.int64),
@@ -568,9 +569,7 @@ class LibSVMReader(_LineReader):
         newlines = np.flatnonzero(buf == ord("\n"))
         colons = np.flatnonzero(buf == ord(":"))
         # Every colon must join two tokens ("3:1.5"), as the per-line parse requires.
-        if len(colons) and not (
-            np.isin(buf[colons - 1], _DIGITS).all() and (buf[colons + 1] > ord(" ")).all()
-        ):
+        if len(colons) and not (np.isin(buf[colons - 1], _DIGITS).all() and (buf[colons + 1] > ord(" ")).all()):
             return None
         nnz = np.diff(np.searchsorted(colons, newlines), prepend=0)
         with warnings.catch_warnings():

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable
 
 import numpy as np
 
@@ -274,19 +274,30 @@ RATING_PRESETS: dict[str, RatingsPreset] = {
     # std 1.13). Per user: 20, 33, 65, 148 at the quartiles, 737 max, mean 106. Per item:
     # 1, 6, 27, 80, 583 max, mean 59.5; about 140 items (8 %) rated once.
     "ml-100k": RatingsPreset(
-        users=943, items=1682, ratings=100_000, step=1.0,
+        users=943,
+        items=1682,
+        ratings=100_000,
+        step=1.0,
         user_quantiles=((0.0, 20), (0.25, 33), (0.5, 65), (0.75, 148), (1 - 0.5 / 943, 737)),
         item_quantiles=((0.0, 1), (0.084, 1.5), (0.25, 6), (0.5, 27), (0.75, 80), (1 - 0.5 / 1682, 583)),
-        rating_mean=3.530, rating_std=1.126, noise=0.85,
+        rating_mean=3.530,
+        rating_std=1.126,
+        noise=0.85,
     ),
     # 610 users × 9,724 items, 100,836 half-star ratings (mean 3.50, std 1.04; 30 % on a
     # half star, 4.0 the most common value). Per user: 20, 35, 70.5, 168, 2,698 max, mean
     # 165. Per item: 1, 1, 3, 9, 329 max, mean 10.4: 35 % of items rated once.
     "ml-latest-small": RatingsPreset(
-        users=610, items=9724, ratings=100_836, step=0.5,
+        users=610,
+        items=9724,
+        ratings=100_836,
+        step=0.5,
         user_quantiles=((0.0, 20), (0.25, 35), (0.5, 70.5), (0.75, 168), (1 - 0.5 / 610, 2698)),
         item_quantiles=((0.0, 1), (0.354, 1.5), (0.5, 3), (0.75, 9), (1 - 0.5 / 9724, 329)),
-        rating_mean=3.502, rating_std=1.043, noise=0.72, whole_star_share=0.35,
+        rating_mean=3.502,
+        rating_std=1.043,
+        noise=0.72,
+        whole_star_share=0.35,
     ),
     # 69,878 users × 10,677 items, 10,000,054 half-star ratings (mean 3.51, std 1.06; 20 %
     # on a half star: half stars came in 2003, earlier users rated whole stars). Per user:
@@ -294,11 +305,24 @@ RATING_PRESETS: dict[str, RatingsPreset] = {
     # the 5th and 10th percentiles (about 1 % rated once), quartiles ≈ 34, 141, 586,
     # 34,864 max, mean 937.
     "ml-10m": RatingsPreset(
-        users=69_878, items=10_677, ratings=10_000_054, step=0.5,
+        users=69_878,
+        items=10_677,
+        ratings=10_000_054,
+        step=0.5,
         user_quantiles=((0.0, 20), (0.25, 35), (0.5, 67), (0.75, 162), (1 - 0.5 / 69_878, 7359)),
-        item_quantiles=((0.0, 1), (0.05, 5), (0.1, 10), (0.25, 34), (0.5, 141), (0.75, 586),
-                        (1 - 0.5 / 10_677, 34_864)),
-        rating_mean=3.512, rating_std=1.060, noise=0.72, whole_star_share=0.55,
+        item_quantiles=(
+            (0.0, 1),
+            (0.05, 5),
+            (0.1, 10),
+            (0.25, 34),
+            (0.5, 141),
+            (0.75, 586),
+            (1 - 0.5 / 10_677, 34_864),
+        ),
+        rating_mean=3.512,
+        rating_std=1.060,
+        noise=0.72,
+        whole_star_share=0.55,
     ),
 }
 _TAIL_P = 0.95  # where the solved point of the count distribution sits
@@ -327,8 +351,10 @@ def _degree_sequence(n: int, quantiles, total: int, cap: int, rng: np.random.Gen
     points = [(p, c) for p, c in quantiles]
     minimum = points[0][1]
     if not minimum * n <= total <= cap * n:
-        raise ValueError(f"{total} ratings cannot be spread over {n} {what} with at least {minimum:g} and at most "
-                         f"{cap} each: change the number of ratings, users or items")
+        raise ValueError(
+            f"{total} ratings cannot be spread over {n} {what} with at least {minimum:g} and at most "
+            f"{cap} each: change the number of ratings, users or items"
+        )
     below = [pt for pt in points if pt[0] < _TAIL_P]
     above = [pt for pt in points if pt[0] > _TAIL_P]
 

@@ -36,8 +36,9 @@ class ClosedStep:
     local_nnz: int  # ... of the values their updates touched
 
 
-def close_step(state: SupervisorState, reports: Mapping[int, StepReport], *, num_parts: int,
-               loss_of: Callable[[float, int], float]) -> ClosedStep:
+def close_step(
+    state: SupervisorState, reports: Mapping[int, StepReport], *, num_parts: int, loss_of: Callable[[float, int], float]
+) -> ClosedStep:
     """Count a closed step's reports into ``state`` and move its cursor past the step."""
     for r in reports.values():
         count_report(state.totals, state.timing, r)
@@ -64,8 +65,9 @@ def _count_step(totals: Totals, reports: Mapping[int, StepReport]) -> tuple[int,
     return sent, sent_nnz, local_nnz
 
 
-def track_recent_loss(recent: dict[int, float], reports: Mapping[int, StepReport],
-                      loss_of: Callable[[float, int], float]) -> None:
+def track_recent_loss(
+    recent: dict[int, float], reports: Mapping[int, StepReport], loss_of: Callable[[float, int], float]
+) -> None:
     """Each worker's recent loss: an EWMA of its own step losses."""
     for w, r in reports.items():
         mine = loss_of(r.loss_sum, r.samples)
@@ -81,10 +83,16 @@ def mean_timing(reports: Mapping[int, StepReport]) -> dict[str, float]:
 
 def job_account(state: SupervisorState, *, wall_seconds: float, worker_seconds: float, rounds: int) -> JobAccount:
     """The cost meter's view of a job: ``state``'s counters, with its time and worker time."""
-    return JobAccount(wall_seconds=wall_seconds, worker_seconds=worker_seconds, rounds=rounds,
-                      worker_invocations=state.worker_invocations, object_gets=state.totals.object_gets,
-                      object_puts=state.checkpoint_puts, reports=state.totals.reports,
-                      directives=state.directives)
+    return JobAccount(
+        wall_seconds=wall_seconds,
+        worker_seconds=worker_seconds,
+        rounds=rounds,
+        worker_invocations=state.worker_invocations,
+        object_gets=state.totals.object_gets,
+        object_puts=state.checkpoint_puts,
+        reports=state.totals.reports,
+        directives=state.directives,
+    )
 
 
 def record_scoring(state: SupervisorState, scoring: Scoring, value: float) -> tuple[str, float] | None:
@@ -99,13 +107,23 @@ def record_scoring(state: SupervisorState, scoring: Scoring, value: float) -> tu
     return None
 
 
-def history_entry(step: int, closed: ClosedStep, *, time: float, host_time: float, workers: int, round_: int,
-                  cost_usd: float) -> dict[str, Any]:
+def history_entry(
+    step: int, closed: ClosedStep, *, time: float, host_time: float, workers: int, round_: int, cost_usd: float
+) -> dict[str, Any]:
     """A closed step as ``report.json``'s ``history[]`` holds it."""
-    return {"step": step, "time": round(time, 4), "host_time": round(host_time, 4), "loss": closed.loss,
-            "epoch": round(closed.epoch, 4), "workers": workers, "round": round_, "bytes_sent": closed.sent,
-            "bytes_received": closed.sent * (workers - 1),
-            "sent_fraction": closed.sent_nnz / closed.local_nnz if closed.local_nnz else 0.0, "cost_usd": cost_usd}
+    return {
+        "step": step,
+        "time": round(time, 4),
+        "host_time": round(host_time, 4),
+        "loss": closed.loss,
+        "epoch": round(closed.epoch, 4),
+        "workers": workers,
+        "round": round_,
+        "bytes_sent": closed.sent,
+        "bytes_received": closed.sent * (workers - 1),
+        "sent_fraction": closed.sent_nnz / closed.local_nnz if closed.local_nnz else 0.0,
+        "cost_usd": cost_usd,
+    }
 
 
 class Books:
@@ -122,17 +140,29 @@ class Books:
         return self.state.worker_seconds + self.inbox.worker_seconds(now=self.time.elapsed())
 
     def cost(self) -> dict[str, Any]:
-        return self.meter(job_account(self.state, wall_seconds=self.time.elapsed(),
-                                      worker_seconds=self.worker_seconds(), rounds=self.round + 1))
+        return self.meter(
+            job_account(
+                self.state,
+                wall_seconds=self.time.elapsed(),
+                worker_seconds=self.worker_seconds(),
+                rounds=self.round + 1,
+            )
+        )
 
     def snapshot(self, *, policy: dict[str, Any], autotune: dict[str, Any] | None) -> SupervisorState:
         """The state as of now, with this round's time, money and measurements folded in
         (``policy``: the scaling policy's state; ``autotune``: what the auto-tuner saw)."""
         s = self.state
-        return s.model_copy(update={
-            "elapsed": self.time.elapsed(), "host_elapsed": self.time.host.elapsed(),
-            "fleet": self.time.fleet_state(), "worker_seconds": self.worker_seconds(), "policy": policy,
-            "autotune": autotune,
-            "overheads": s.overheads.model_copy(update={"sync_first": s.overheads.sync_first
-                                                        + self.inbox.quickest_waits()})})
-
+        return s.model_copy(
+            update={
+                "elapsed": self.time.elapsed(),
+                "host_elapsed": self.time.host.elapsed(),
+                "fleet": self.time.fleet_state(),
+                "worker_seconds": self.worker_seconds(),
+                "policy": policy,
+                "autotune": autotune,
+                "overheads": s.overheads.model_copy(
+                    update={"sync_first": s.overheads.sync_first + self.inbox.quickest_waits()}
+                ),
+            }
+        )

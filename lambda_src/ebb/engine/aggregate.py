@@ -58,8 +58,11 @@ class RowMean:
         divide = self.per is not None and (self.per == 1.0 or len(contributions) > self.per)
         for name, param in params.items():
             counts = self.counts[name] if divide else None
-            touched = [] if counts is None else [
-                t for c in contributions if (t := c.touched_rows(name)) is not None and t.numel()]
+            touched = (
+                []
+                if counts is None
+                else [t for c in contributions if (t := c.touched_rows(name)) is not None and t.numel()]
+            )
             if counts is not None:
                 for rows in touched:
                     counts.index_add_(0, rows, self._ones[: rows.numel()])

@@ -55,8 +55,9 @@ class JobTime:
         self.fleet: FleetTimeline | None = None
         if spec.clock.kind == "fleet":
             before = fleet_before or FleetTime()
-            self.fleet = FleetTimeline(Links.of(spec.clock), slack, time=before.time,
-                                       worker_seconds=before.worker_seconds)
+            self.fleet = FleetTimeline(
+                Links.of(spec.clock), slack, time=before.time, worker_seconds=before.worker_seconds
+            )
 
     def elapsed(self) -> float:
         """The job's time (the fleet clock's at the last closed step, or the host's)."""

@@ -25,9 +25,16 @@ from ebb.spec import FaultSpec
 ROUND_GRACE_S = 30.0  # past round_seconds, a round still waiting on its workers has lost one
 
 
-def lost_workers(missing: list[int], *, exited: Mapping[int, str], faults: FaultSpec, round_elapsed: float,
-                 stalled_s: float, heartbeats: Callable[[list[int]], dict[int, float]],
-                 now: Callable[[], float]) -> dict[int, str]:
+def lost_workers(
+    missing: list[int],
+    *,
+    exited: Mapping[int, str],
+    faults: FaultSpec,
+    round_elapsed: float,
+    stalled_s: float,
+    heartbeats: Callable[[list[int]], dict[int, float]],
+    now: Callable[[], float],
+) -> dict[int, str]:
     """Which of the ``missing`` workers (the step waits for them) are lost, and why.
 
     ``stalled_s``: how long the step has waited; heartbeats are read only past the timeout."""
@@ -44,8 +51,9 @@ def lost_workers(missing: list[int], *, exited: Mapping[int, str], faults: Fault
     return lost
 
 
-def on_loss(lost: Mapping[int, str], step: int, *, faults: FaultSpec, mode: str, survivors: list[int],
-            directive_staged: bool) -> Literal["evict"]:
+def on_loss(
+    lost: Mapping[int, str], step: int, *, faults: FaultSpec, mode: str, survivors: list[int], directive_staged: bool
+) -> Literal["evict"]:
     """What to do about ``lost`` at ``step``: "evict" (go on without them), or raise:
     ``EngineError`` (the job fails) or ``RoundLost`` (the round runs again). Going on needs
     the step's directive still staged, to name the survivors in it."""
@@ -66,12 +74,23 @@ def overdue(round_: int, round_elapsed: float, round_seconds: float, waiting: in
     ``waiting`` this long past its time."""
     if round_elapsed <= round_seconds + ROUND_GRACE_S:
         return None
-    return (f"round {round_} ran {round_elapsed:.0f} s, past its {round_seconds:g} s: still waiting for "
-            f"worker(s) {missing} to report step {waiting}")
+    return (
+        f"round {round_} ran {round_elapsed:.0f} s, past its {round_seconds:g} s: still waiting for "
+        f"worker(s) {missing} to report step {waiting}"
+    )
 
 
-def go_on_without(lost: Mapping[int, str], step: int, *, state: SupervisorState, staged: Directive, at: float,
-                  launcher: WorkerLauncher, updates: UpdateStore, fleet: FleetTimeline | None) -> Directive:
+def go_on_without(
+    lost: Mapping[int, str],
+    step: int,
+    *,
+    state: SupervisorState,
+    staged: Directive,
+    at: float,
+    launcher: WorkerLauncher,
+    updates: UpdateStore,
+    fleet: FleetTimeline | None,
+) -> Directive:
     """Leave ``lost`` behind at ``step`` (job time ``at``): stop them, mark them lost (should
     one come back, it leaves quietly), take them off the fleet clock, record it. Returns the
     step's directive naming the survivors: it opens their barrier, and its fleet from the
@@ -83,9 +102,15 @@ def go_on_without(lost: Mapping[int, str], step: int, *, state: SupervisorState,
         launcher.stop(w)
         updates.put_blob(lost_blob(w), b"1")
         state.recent_loss.pop(w, None)
-        state.scale_events.append({"step": step, "applied_at": step, "time": round(at, 3), "action": "lost",
-                                   "worker": w, "reason": why})
+        state.scale_events.append(
+            {"step": step, "applied_at": step, "time": round(at, 3), "action": "lost", "worker": w, "reason": why}
+        )
     upcoming = [w for w in state.upcoming if w not in lost]
     state.members, state.upcoming = [w for w in state.members if w not in lost], upcoming
-    return staged.model_copy(update={"members": upcoming, "evict": [w for w in staged.evict if w not in lost],
-                                     "donors": [w for w in staged.donors if w not in lost]})
+    return staged.model_copy(
+        update={
+            "members": upcoming,
+            "evict": [w for w in staged.evict if w not in lost],
+            "donors": [w for w in staged.donors if w not in lost],
+        }
+    )

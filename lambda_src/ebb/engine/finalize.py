@@ -67,20 +67,27 @@ def best_replica(checkpoints: ObjectStore) -> tuple[dict[str, np.ndarray], dict[
     return decode_batch(checkpoints.get(BEST_REPLICA_KEY)), meta
 
 
-def build_report(spec: JobSpec, state: SupervisorState, test_metrics: dict[str, float],
-                 finalize_seconds: float) -> dict[str, Any]:
+def build_report(
+    spec: JobSpec, state: SupervisorState, test_metrics: dict[str, float], finalize_seconds: float
+) -> dict[str, Any]:
     """report.json from the supervisor's final state (see the README for every field)."""
     o = state.overheads
     sync, firsts = sorted(o.sync_samples), sorted(o.sync_first)
     totals = state.totals.model_dump()
     sent_nnz, local_nnz = totals.pop("sent_nnz"), totals.pop("local_nnz")
-    totals.update({"worker_seconds": round(state.worker_seconds, 3), "cpu_seconds": round(totals["cpu_seconds"], 3),
-                   "cpu_critical_seconds": round(totals["cpu_critical_seconds"], 3),
-                   "sent_fraction": sent_nnz / local_nnz if local_nnz else 0.0,
-                   "timing_seconds": {k: round(v, 4) for k, v in sorted(state.timing.items())}})
+    totals.update(
+        {
+            "worker_seconds": round(state.worker_seconds, 3),
+            "cpu_seconds": round(totals["cpu_seconds"], 3),
+            "cpu_critical_seconds": round(totals["cpu_critical_seconds"], 3),
+            "sent_fraction": sent_nnz / local_nnz if local_nnz else 0.0,
+            "timing_seconds": {k: round(v, 4) for k, v in sorted(state.timing.items())},
+        }
+    )
     history = state.history
-    account = job_account(state, wall_seconds=state.elapsed, worker_seconds=state.worker_seconds,
-                          rounds=state.round + 1)
+    account = job_account(
+        state, wall_seconds=state.elapsed, worker_seconds=state.worker_seconds, rounds=state.round + 1
+    )
     cost = meter_for(spec)(account)
     wall = state.elapsed
     hit = state.stop.target_hit
@@ -98,10 +105,15 @@ def build_report(spec: JobSpec, state: SupervisorState, test_metrics: dict[str, 
         "workers": {"initial": spec.workers, "final": len(state.members)},
         "history": history,
         "totals": totals,
-        "sync_overhead_ms": {"median": 1000 * sync[len(sync) // 2], "p90": 1000 * sync[int(len(sync) * 0.9)],
-                             "samples": len(sync),
-                             "first_worker_median": 1000 * firsts[len(firsts) // 2] if firsts else None,
-                             "released_late": o.released_late} if sync else None,
+        "sync_overhead_ms": {
+            "median": 1000 * sync[len(sync) // 2],
+            "p90": 1000 * sync[int(len(sync) * 0.9)],
+            "samples": len(sync),
+            "first_worker_median": 1000 * firsts[len(firsts) // 2] if firsts else None,
+            "released_late": o.released_late,
+        }
+        if sync
+        else None,
         "supervisor_ms_per_step": _quantiles(o.handling_ms),
         "scale_events": state.scale_events,
         "faults": state.faults,
@@ -131,8 +143,9 @@ def _quantiles(values: list[float]) -> dict[str, float] | None:
     return {"median": v[len(v) // 2], "p90": v[int(len(v) * 0.9)], "max": v[-1], "steps": len(v)}
 
 
-def finalize(spec: JobSpec, *, data: ObjectStore, checkpoints: ObjectStore, out: ObjectStore
-             ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def finalize(
+    spec: JobSpec, *, data: ObjectStore, checkpoints: ObjectStore, out: ObjectStore
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Merge, score and write the outputs of a finished job; returns (report, model)."""
     started = time.perf_counter()
     done = checkpoint.latest(checkpoints)
@@ -145,7 +158,8 @@ def finalize(spec: JobSpec, *, data: ObjectStore, checkpoints: ObjectStore, out:
     report = build_report(spec, state, test_metrics, time.perf_counter() - started)
     if best:  # the model written is the best one validation saw, not the last
         meta = best[1]
-        report.update({"model": "best", "best_step": meta["step"], "best_epoch": meta["epoch"],
-                       "best_val": meta["value"]})
+        report.update(
+            {"model": "best", "best_step": meta["step"], "best_epoch": meta["epoch"], "best_val": meta["value"]}
+        )
     write_outputs(out, report, replica)
     return report, replica

@@ -69,8 +69,13 @@ class Links:
 
     @classmethod
     def of(cls, clock: ClockSpec) -> Links:
-        return cls(link_mb_s=clock.link_mb_s, rtt_ms=clock.rtt_ms, node_mb_s=clock.node_mb_s,
-                   cold_start_s=clock.cold_start_s, barrier_ms=clock.barrier_ms)
+        return cls(
+            link_mb_s=clock.link_mb_s,
+            rtt_ms=clock.rtt_ms,
+            node_mb_s=clock.node_mb_s,
+            cold_start_s=clock.cold_start_s,
+            barrier_ms=clock.barrier_ms,
+        )
 
 
 class Measured(Protocol):
@@ -96,8 +101,7 @@ class WorkerStep:
     @classmethod
     def of(cls, report: Measured) -> WorkerStep:
         """The measures of a worker's ``StepReport``."""
-        return cls(report.cpu_seconds, report.sent_bytes, report.read_bytes, report.requests,
-                   report.io_cpu_seconds)
+        return cls(report.cpu_seconds, report.sent_bytes, report.read_bytes, report.requests, report.io_cpu_seconds)
 
 
 def _node_totals(steps: Iterable[WorkerStep]) -> tuple[int, int]:

@@ -58,11 +58,16 @@ class SignificanceFilter:
                 acc_rows = acc.index_select(0, rows).add_(vals)
                 acc.index_fill_(0, rows, 0.0)
                 sent[name] = (rows, acc_rows)
-        return RowUpdate(sent, touched={name: rows for name, (rows, _) in update.rows.items()}, packed=packed or None,
-                         subset=subset or None)
+        return RowUpdate(
+            sent,
+            touched={name: rows for name, (rows, _) in update.rows.items()},
+            packed=packed or None,
+            subset=subset or None,
+        )
 
-    def _significant(self, acc: torch.Tensor, rows: torch.Tensor, vals: torch.Tensor, x_rows: torch.Tensor,
-                     v_t: float) -> tuple[tuple[torch.Tensor, torch.Tensor], Packed | None, np.ndarray]:
+    def _significant(
+        self, acc: torch.Tensor, rows: torch.Tensor, vals: torch.Tensor, x_rows: torch.Tensor, v_t: float
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], Packed | None, np.ndarray]:
         """δ[rows] += vals; the sent (rows, values), their packed form and their positions
         among ``rows``; δ keeps the rest.
 
@@ -75,14 +80,17 @@ class SignificanceFilter:
         dim = table.shape[1]
         if native.available():
             form = quantized_form(dim) if self.quantize else None
-            done = native.isp_filter(table, at_rows, vals.numpy().reshape(-1, dim), x_rows.numpy().reshape(-1, dim),
-                                     np.float32(v_t), form)
+            done = native.isp_filter(
+                table, at_rows, vals.numpy().reshape(-1, dim), x_rows.numpy().reshape(-1, dim), np.float32(v_t), form
+            )
             if done is not None:  # (None: a NaN or infinite row, for numpy below)
                 at, out_vals, codes, scales = done
                 pack: Packed | None = None
                 if codes is not None:
-                    pack = (torch.from_numpy(codes), None if scales is None else
-                            torch.from_numpy(scales.view(np.int16)).view(torch.bfloat16))
+                    pack = (
+                        torch.from_numpy(codes),
+                        None if scales is None else torch.from_numpy(scales.view(np.int16)).view(torch.bfloat16),
+                    )
                 sent_rows = rows if at.size == at_rows.size else torch.from_numpy(at_rows.take(at))
                 return (sent_rows, torch.from_numpy(out_vals)), pack, at
         delta = gather_rows(table, at_rows)
@@ -114,8 +122,10 @@ class SignificanceFilter:
             # Error feedback: what rounding leaves out stays pending and goes later.
             pack, out_vals = quantize_rows(out_vals, peak)
             if partial:
-                pack = (torch.from_numpy(pack[0].numpy().take(at, axis=0)),
-                        None if pack[1] is None else pack[1].index_select(0, torch.from_numpy(at)))
+                pack = (
+                    torch.from_numpy(pack[0].numpy().take(at, axis=0)),
+                    None if pack[1] is None else pack[1].index_select(0, torch.from_numpy(at)),
+                )
         np.subtract(delta, out_vals, out=delta)  # exactly 0 where sent unrounded
         scatter_rows(table, at_rows, delta)
         if partial:

@@ -14,8 +14,7 @@ from ebb.ports.keys import MODEL_KEY, PLOT_KEY, REPORT_KEY
 from ebb.ports.objects import ObjectStore
 
 
-def write_outputs(out: ObjectStore, report: dict[str, Any], replica: dict[str, np.ndarray] | None
-                  ) -> dict[str, str]:
+def write_outputs(out: ObjectStore, report: dict[str, Any], replica: dict[str, np.ndarray] | None) -> dict[str, str]:
     """Write report.json (always), model.npz and loss.png (when there is a model); returns
     the keys written. The report goes last: a reader that finds it finds the rest."""
     files = {}
@@ -59,8 +58,15 @@ def plot_loss(report: dict[str, Any]) -> bytes:
             ax.plot(*zip(*scored), color=color, marker="o", ms=3, lw=1.2, label=f"{name} {loss_name}")
     if report.get("model") == "best" and report.get("best_step") in at:
         ax.axvline(at[report["best_step"]], color="tab:green", ls="--", lw=1)
-        ax.plot([at[report["best_step"]]], [report["best_val"]], marker="*", ms=12, color="tab:green",
-                ls="none", label=f"best kept (step {report['best_step']})")
+        ax.plot(
+            [at[report["best_step"]]],
+            [report["best_val"]],
+            marker="*",
+            ms=12,
+            color="tab:green",
+            ls="none",
+            label=f"best kept (step {report['best_step']})",
+        )
     knee = (report.get("autotune") or {}).get("knee_step")
     if knee in at:
         ax.axvline(at[knee], color="tab:gray", ls=":", lw=1.2, label=f"knee (step {knee})")
@@ -68,8 +74,16 @@ def plot_loss(report: dict[str, Any]) -> bytes:
     for action, (marker, color) in marks.items():
         events = [e["time"] for e in report.get("scale_events") or [] if e.get("action") == action]
         if events:
-            ax.plot(events, [ax.get_ylim()[1]] * len(events), marker=marker, color=color, ls="none", ms=7,
-                    clip_on=False, label=f"{action} ({len(events)})")
+            ax.plot(
+                events,
+                [ax.get_ylim()[1]] * len(events),
+                marker=marker,
+                color=color,
+                ls="none",
+                ms=7,
+                clip_on=False,
+                label=f"{action} ({len(events)})",
+            )
     kind = (report.get("clock") or {}).get("kind", "host")
     ax.set_xlabel("job time, s (" + ("modelled fleet clock" if kind == "fleet" else "this host's clock") + ")")
     ax.set_ylabel(loss_name)
@@ -79,8 +93,10 @@ def plot_loss(report: dict[str, Any]) -> bytes:
     ax2.set_ylim(0, max(h["workers"] for h in hist) + 1)
     ax.legend(loc="upper right", fontsize=8, framealpha=0.8)
     spec = report.get("spec", {})
-    ax.set_title(f"{spec.get('name', '')} {spec.get('model', '')} {spec.get('sync', {}).get('mode', '')}".strip()
-                 + f": {report.get('status', '')}")
+    ax.set_title(
+        f"{spec.get('name', '')} {spec.get('model', '')} {spec.get('sync', {}).get('mode', '')}".strip()
+        + f": {report.get('status', '')}"
+    )
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)

@@ -40,8 +40,9 @@ class PartCache:
     the whole converted dataset, past a Lambda function's memory.
     """
 
-    def __init__(self, objects: ObjectStore, manifest: Manifest, model: Model, split: Split = "train",
-                 max_bytes: int = 256 << 20):
+    def __init__(
+        self, objects: ObjectStore, manifest: Manifest, model: Model, split: Split = "train", max_bytes: int = 256 << 20
+    ):
         self.objects, self.model, self.max_bytes = objects, model, max_bytes
         self.infos = manifest.split(split).parts
         self._cache: OrderedDict[int, Any] = OrderedDict()

@@ -42,35 +42,44 @@ def preflight(spec: JobSpec, data: ObjectStore) -> Manifest:
         raise PreflightError(f"data: {exc}") from None
     kind = entry(spec.model).data
     if manifest.kind != kind:
-        raise PreflightError(f"model: {spec.model} trains on {kind} data, but {spec.data} holds "
-                             f"{manifest.kind} data ({manifest.format})")
+        raise PreflightError(
+            f"model: {spec.model} trains on {kind} data, but {spec.data} holds {manifest.kind} data ({manifest.format})"
+        )
     dims = (manifest.num_users, manifest.num_items) if manifest.kind == "ratings" else (manifest.num_features,)
     if manifest.batch_size < 1 or min(dims) < 1:
-        raise PreflightError(f"{where}: batch_size and dimensions must be positive (batch_size "
-                             f"{manifest.batch_size}, dimensions {dims}); prepare the dataset again")
+        raise PreflightError(
+            f"{where}: batch_size and dimensions must be positive (batch_size "
+            f"{manifest.batch_size}, dimensions {dims}); prepare the dataset again"
+        )
     for name, value in manifest.stats.items():
         if isinstance(value, (int, float)) and not math.isfinite(value):
-            raise PreflightError(f"{where}: stats.{name} is {value}; a value in the data is out of range: "
-                                 "prepare the dataset again")
+            raise PreflightError(
+                f"{where}: stats.{name} is {value}; a value in the data is out of range: prepare the dataset again"
+            )
     parts = len(manifest.train.parts)
     if parts == 0:
         raise PreflightError(f"{where}: the dataset has no training minibatches")
     most = max([spec.workers] + [e.workers for e in spec.scaling.schedule])
     if most > parts:
-        raise PreflightError(f"workers: {most} is more than the {parts} training minibatches of {spec.data}: each "
-                             f"worker needs a minibatch of its own every step; use at most {parts} workers, or a "
-                             "smaller --batch-size in `ebb prepare`")
+        raise PreflightError(
+            f"workers: {most} is more than the {parts} training minibatches of {spec.data}: each "
+            f"worker needs a minibatch of its own every step; use at most {parts} workers, or a "
+            "smaller --batch-size in `ebb prepare`"
+        )
     listed = {p.key: (split, p) for split, info in _splits(manifest).items() for p in info.parts}
     present = set(data.list())
     missing = sorted(set(listed) - present)
     if missing:
-        raise PreflightError(f"data: {len(missing)} part(s) listed in {where} are missing, e.g. {missing[0]}; "
-                             "prepare the dataset again")
+        raise PreflightError(
+            f"data: {len(missing)} part(s) listed in {where} are missing, e.g. {missing[0]}; prepare the dataset again"
+        )
     verify = listed if not is_s3(spec.data) else {k: v for k, v in listed.items() if v[0] != "train"}
     for key, (_, part) in sorted(verify.items()):
         if checksum(data.get(key)) != part.sha256:
-            raise PreflightError(f"data: {spec.data}/{key} does not match its checksum in {MANIFEST_KEY}; "
-                                 "the dataset was changed after `ebb prepare`: prepare it again")
+            raise PreflightError(
+                f"data: {spec.data}/{key} does not match its checksum in {MANIFEST_KEY}; "
+                "the dataset was changed after `ebb prepare`: prepare it again"
+            )
     return manifest
 
 
@@ -86,7 +95,9 @@ def check_outputs(spec: JobSpec, out: ObjectStore) -> None:
     except ValueError:
         previous = {"status": "unreadable"}
     if previous.get("status") != "failed":
-        raise PreflightError(f"out: {spec.out_location} holds a run already ({REPORT_KEY}, status "
-                             f"{previous.get('status')}); choose another --out, or delete that one")
+        raise PreflightError(
+            f"out: {spec.out_location} holds a run already ({REPORT_KEY}, status "
+            f"{previous.get('status')}); choose another --out, or delete that one"
+        )
     for key in OUTPUT_KEYS:
         out.delete(key)

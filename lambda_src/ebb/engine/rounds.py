@@ -59,7 +59,14 @@ def last_step_closed(clock: int, stop_step: int | None, round_end: int | None) -
 def round_starts(state: SupervisorState, round_: int) -> list[WorkerStart]:
     """How a round's workers start: from the step after the last closed one, each from its
     checkpoint of the round before (none in round 0)."""
-    return [WorkerStart(worker=w, members=list(state.members), round=round_, step=state.clock + 1,
-                        cursor=state.cursor, resume=worker_key(round_ - 1, w) if round_ else None)
-            for w in state.members]
-
+    return [
+        WorkerStart(
+            worker=w,
+            members=list(state.members),
+            round=round_,
+            step=state.clock + 1,
+            cursor=state.cursor,
+            resume=worker_key(round_ - 1, w) if round_ else None,
+        )
+        for w in state.members
+    ]

@@ -21,13 +21,24 @@ def policy_for(spec: JobSpec) -> ScalingPolicy:
     if spec.sync.mode == "ssp" or (spec.workers == 1 and s.policy != "schedule"):
         return make_policy("none")
     if s.policy == "autotune":
-        return make_policy("autotune", interval_s=s.interval_s, horizon_s=s.horizon_s, tolerance=s.tolerance,
-                           knee_tolerance=s.knee_tolerance, knee_patience=s.knee_patience,
-                           knee_min_drop=s.knee_min_drop, min_workers=s.min_workers,
-                           throughput_tolerance=s.throughput_tolerance)
+        return make_policy(
+            "autotune",
+            interval_s=s.interval_s,
+            horizon_s=s.horizon_s,
+            tolerance=s.tolerance,
+            knee_tolerance=s.knee_tolerance,
+            knee_patience=s.knee_patience,
+            knee_min_drop=s.knee_min_drop,
+            min_workers=s.min_workers,
+            throughput_tolerance=s.throughput_tolerance,
+        )
     if s.policy == "schedule":
-        return make_policy("schedule", schedule=[e.model_dump() for e in s.schedule], min_workers=s.min_workers,
-                           max_workers=max([spec.workers] + [e.workers for e in s.schedule]))
+        return make_policy(
+            "schedule",
+            schedule=[e.model_dump() for e in s.schedule],
+            min_workers=s.min_workers,
+            max_workers=max([spec.workers] + [e.workers for e in s.schedule]),
+        )
     return make_policy("none")
 
 
@@ -56,13 +67,31 @@ class ScalePlan:
 
     def starts(self, *, round_: int, barrier: int, cursor: int) -> list[WorkerStart]:
         """How the joiners start: after ``barrier``, from the donor's replica as of that barrier."""
-        return [WorkerStart(worker=w, members=list(self.after), round=round_, step=barrier + 1, cursor=cursor,
-                            donor_blob=replica_blob(self.donor, barrier))
-                for w in self.joined if self.donor is not None]
+        return [
+            WorkerStart(
+                worker=w,
+                members=list(self.after),
+                round=round_,
+                step=barrier + 1,
+                cursor=cursor,
+                donor_blob=replica_blob(self.donor, barrier),
+            )
+            for w in self.joined
+            if self.donor is not None
+        ]
 
 
-def plan(decision: ScaleDecision, *, step: int, applied_at: int, elapsed: float, trainers: list[int],
-         recent_loss: Mapping[int, float], min_workers: int, next_id: int) -> ScalePlan:
+def plan(
+    decision: ScaleDecision,
+    *,
+    step: int,
+    applied_at: int,
+    elapsed: float,
+    trainers: list[int],
+    recent_loss: Mapping[int, float],
+    min_workers: int,
+    next_id: int,
+) -> ScalePlan:
     """Evict the workers with the highest recent loss (never below ``min_workers``), or
     add workers with fresh ids starting from the lowest-id trainer's replica."""
     event = {"step": step, "applied_at": applied_at, "time": round(elapsed, 3), "reason": decision.reason}
@@ -73,10 +102,16 @@ def plan(decision: ScaleDecision, *, step: int, applied_at: int, elapsed: float,
                 break
             candidates = {w: recent_loss.get(w, 0.0) for w in trainers if w not in evict}
             evict.append(pick_eviction(candidates))
-        return ScalePlan(after=[w for w in trainers if w not in evict], evict=evict,
-                         events=[{**event, "action": "evict", "worker": w, "recent_loss": recent_loss.get(w)}
-                                 for w in evict])
+        return ScalePlan(
+            after=[w for w in trainers if w not in evict],
+            evict=evict,
+            events=[{**event, "action": "evict", "worker": w, "recent_loss": recent_loss.get(w)} for w in evict],
+        )
     donor = trainers[0]
     joined = list(range(next_id, next_id + decision.count))
-    return ScalePlan(after=sorted(trainers + joined), joined=joined, donor=donor,
-                     events=[{**event, "action": "join", "worker": w, "donor": donor} for w in joined])
+    return ScalePlan(
+        after=sorted(trainers + joined),
+        joined=joined,
+        donor=donor,
+        events=[{**event, "action": "join", "worker": w, "donor": donor} for w in joined],
+    )

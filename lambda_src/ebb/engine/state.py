@@ -121,8 +121,14 @@ class SupervisorState(_State):
     def initial(cls, spec: JobSpec) -> SupervisorState:
         """The state before the first round."""
         members = list(range(spec.workers))
-        return cls(job=spec.name, mode=spec.effective_sync_mode, members=members, upcoming=list(members),
-                   next_id=spec.workers, held=Directive(step=0))
+        return cls(
+            job=spec.name,
+            mode=spec.effective_sync_mode,
+            members=members,
+            upcoming=list(members),
+            next_id=spec.workers,
+            held=Directive(step=0),
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The state as JSON-able data (what a round saves)."""
@@ -139,7 +145,9 @@ class SupervisorState(_State):
         if self.job != spec.name:
             raise CheckpointError(f"the checkpoint belongs to job {self.job}, not {spec.name}")
         if self.mode != spec.effective_sync_mode:
-            raise CheckpointError(f"the job's checkpoints were written under sync mode {self.mode} but the job "
-                                  f"now runs {spec.effective_sync_mode}")
+            raise CheckpointError(
+                f"the job's checkpoints were written under sync mode {self.mode} but the job "
+                f"now runs {spec.effective_sync_mode}"
+            )
         if self.round != round_ - 1:
             raise CheckpointError(f"round {round_} needs the state of round {round_ - 1}, found round {self.round}'s")

@@ -38,8 +38,9 @@ def take_val(stop: StopState, spec: JobSpec, value: float, step: int, epoch: flo
         stop.best.since += 1
 
 
-def take_scoring(state: SupervisorState, spec: JobSpec, scoring: Scoring, *, now: float,
-                 fleet_clock: bool) -> tuple[str, float] | None:
+def take_scoring(
+    state: SupervisorState, spec: JobSpec, scoring: Scoring, *, now: float, fleet_clock: bool
+) -> tuple[str, float] | None:
     """A held-out scoring (validation, or test standing in when there is none), of its
     metric named like the training loss: into the history (returns what to record when its
     step closes, if it is not closed yet), on validation a new best or one more scoring
@@ -53,13 +54,27 @@ def take_scoring(state: SupervisorState, spec: JobSpec, scoring: Scoring, *, now
         at = state.history[scoring.step]["time"] if early is None else now
         # Host time holds the scorings; fleet time never did (scoring CPU is not in cpu_seconds).
         excluded = 0.0 if fleet_clock else state.overheads.eval_seconds - scoring.seconds
-        stop.target_hit = TargetHit(step=scoring.step, time=at, seconds_excluding_eval=at - excluded,
-                                    metric=entry(spec.model).loss_name, value=value)
+        stop.target_hit = TargetHit(
+            step=scoring.step,
+            time=at,
+            seconds_excluding_eval=at - excluded,
+            metric=entry(spec.model).loss_name,
+            value=value,
+        )
     return early
 
 
-def stop_reason(stop: StopState, spec: JobSpec, *, loss: float, epoch_next: float, epoch_limit: float,
-                elapsed: float, cost_usd: float, step: int) -> StopReason | None:
+def stop_reason(
+    stop: StopState,
+    spec: JobSpec,
+    *,
+    loss: float,
+    epoch_next: float,
+    epoch_limit: float,
+    elapsed: float,
+    cost_usd: float,
+    step: int,
+) -> StopReason | None:
     """Why the job stops after ``step`` (None: it goes on). ``epoch_next``: the epochs done
     after the next step, so ``max_epochs`` stops where a step-by-step decision would."""
     rules = spec.stop
@@ -96,8 +111,16 @@ class Watch:
         return {"rule": self.rule, "done": self.done, "total": self.total}
 
 
-def watch(stop: StopState, spec: JobSpec, *, scoring_val: bool, epoch: float, epoch_limit: float,
-          elapsed: float, cost_usd: float) -> Watch:
+def watch(
+    stop: StopState,
+    spec: JobSpec,
+    *,
+    scoring_val: bool,
+    epoch: float,
+    epoch_limit: float,
+    elapsed: float,
+    cost_usd: float,
+) -> Watch:
     """The rule a user should watch: early stopping when validation is scored (scorings
     since the best against ``patience_evals``), else the training-loss target, else the
     epochs. A backstop the user set (``max_epochs``, ``max_seconds``, ``budget_usd``) takes
@@ -117,8 +140,15 @@ def watch(stop: StopState, spec: JobSpec, *, scoring_val: bool, epoch: float, ep
     return max([main, *backstops], key=lambda w: w.done / w.total if w.total else 0.0)
 
 
-def check_finite(step: int, loss: float, reports: Mapping[int, StepReport], *, epoch: float, lr: float | None,
-                 loss_of: Callable[[float, int], float]) -> None:
+def check_finite(
+    step: int,
+    loss: float,
+    reports: Mapping[int, StepReport],
+    *,
+    epoch: float,
+    lr: float | None,
+    loss_of: Callable[[float, int], float],
+) -> None:
     """A job whose training loss went non-finite cannot go on: say which workers, and what to change."""
     if math.isfinite(loss):
         return
@@ -128,6 +158,8 @@ def check_finite(step: int, loss: float, reports: Mapping[int, StepReport], *, e
 
 def diverged(step: int, bad_workers: list[int], epoch: float, lr: float | None) -> str:
     lr = lr or 0.0
-    return (f"the training loss diverged at step {step}: worker(s) {bad_workers} computed a non-finite loss "
-            f"(epoch {epoch:.2f}); the learning rate {lr:g} is too high for this data: lower hyper.lr (--lr), "
-            f"e.g. to {lr / 4:g}")
+    return (
+        f"the training loss diverged at step {step}: worker(s) {bad_workers} computed a non-finite loss "
+        f"(epoch {epoch:.2f}); the learning rate {lr:g} is too high for this data: lower hyper.lr (--lr), "
+        f"e.g. to {lr / 4:g}"
+    )

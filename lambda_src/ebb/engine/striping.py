@@ -24,8 +24,11 @@ class PartSequence:
         if order is None:
             if len(self._orders) >= 4:
                 self._orders.pop(min(self._orders))
-            order = (np.random.default_rng([self.seed, epoch]).permutation(self.num_parts) if self.shuffle
-                     else np.arange(self.num_parts))
+            order = (
+                np.random.default_rng([self.seed, epoch]).permutation(self.num_parts)
+                if self.shuffle
+                else np.arange(self.num_parts)
+            )
             self._orders[epoch] = order
         return order
 

@@ -31,13 +31,12 @@ from typing import Any
 
 from ebb.autotune.policies import ScalingPolicy
 from ebb.catalogue import entry
-from ebb.engine import accounting, checkpoint, failures, finalize, scaling, stopping
+from ebb.engine import accounting, checkpoint, failures, finalize, rounds, scaling, stopping
 from ebb.engine.cadence import eval_interval
 from ebb.engine.clock import JobTime, wall
 from ebb.engine.errors import EngineError
 from ebb.engine.fleet_clock import WorkerStep
 from ebb.engine.inbox import Inbox
-from ebb.engine import rounds
 from ebb.engine.state import SupervisorState
 from ebb.models import loss_value
 from ebb.ports.keys import ABORT_BLOB, SUPERVISOR_SLOT
@@ -56,12 +55,23 @@ REPORT_POLL_S = 0.5
 class Supervisor:
     """One round of a job's control loop, started from the state the last round saved."""
 
-    def __init__(self, spec: JobSpec, *, data: ObjectStore, checkpoints: ObjectStore, updates: UpdateStore,
-                 signals: SignalChannel, launcher: WorkerLauncher, round_: int, sink: MetricsSink | None = None,
-                 policy: ScalingPolicy | None = None, round_seconds: float | None = None,
-                 restarts: list[dict[str, Any]] | None = None,
-                 measure_of: Callable[[StepReport], WorkerStep] | None = None,
-                 interrupted: Callable[[], BaseException | None] | None = None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        *,
+        data: ObjectStore,
+        checkpoints: ObjectStore,
+        updates: UpdateStore,
+        signals: SignalChannel,
+        launcher: WorkerLauncher,
+        round_: int,
+        sink: MetricsSink | None = None,
+        policy: ScalingPolicy | None = None,
+        round_seconds: float | None = None,
+        restarts: list[dict[str, Any]] | None = None,
+        measure_of: Callable[[StepReport], WorkerStep] | None = None,
+        interrupted: Callable[[], BaseException | None] | None = None,
+    ):
         self.spec, self.data, self.checkpoints = spec, data, checkpoints
         self.updates, self.signals, self.launcher = updates, signals, launcher
         self.interrupted = interrupted  # the caller's stop request (a Ctrl-C), asked every poll
@@ -72,8 +82,9 @@ class Supervisor:
         self._loss = partial(loss_value, self.loss_name)
         self._watching_val = self.manifest.has_val and eval_interval(spec, self.manifest) > 0
         self.round, self.round_seconds = round_, min(spec.round_seconds, round_seconds or math.inf)
-        s = self.state = (checkpoint.read_supervisor(checkpoints, round_ - 1) if round_
-                          else SupervisorState.initial(spec))
+        s = self.state = (
+            checkpoint.read_supervisor(checkpoints, round_ - 1) if round_ else SupervisorState.initial(spec)
+        )
         s.check_resumes(spec, round_)
         if s.policy is not None:
             self.policy.load_state_dict(s.policy)
@@ -81,8 +92,9 @@ class Supervisor:
         slack = spec.sync.slack if s.mode == "ssp" else 0
         self.time = JobTime(spec, host_before=s.host_elapsed, fleet_before=s.fleet, slack=slack)
         self.measure_of = measure_of or WorkerStep.of  # a worker's step as the fleet clock reads it
-        self.round_end_rule = rounds.RoundEnd(round_seconds=self.round_seconds, round_steps=spec.round_steps,
-                                              first_step=s.clock + 1, slack=slack)
+        self.round_end_rule = rounds.RoundEnd(
+            round_seconds=self.round_seconds, round_steps=spec.round_steps, first_step=s.clock + 1, slack=slack
+        )
         self.inbox = Inbox(discarded_upto=self.state.clock)  # this round's reports, starts and ends
         self.books = accounting.Books(spec, s, self.time, self.inbox, round_)
         self.round_end: int | None = None  # the round's last step, once named
@@ -130,8 +142,13 @@ class Supervisor:
         if not reports:
             self._check_liveness()
             waiting = self.state.clock + 1
-            if why := failures.overdue(self.round, self.time.host.round_elapsed(), self.round_seconds, waiting,
-                                       self.inbox.missing(waiting, self.state.members)):
+            if why := failures.overdue(
+                self.round,
+                self.time.host.round_elapsed(),
+                self.round_seconds,
+                waiting,
+                self.inbox.missing(waiting, self.state.members),
+            ):
                 raise EngineError(why)
 
     def _start_workers(self) -> None:
@@ -198,8 +215,15 @@ class Supervisor:
         stopping.check_finite(k, step.loss, reports, epoch=step.epoch, lr=self.spec.hyper.lr, loss_of=self._loss)
         accounting.track_recent_loss(s.recent_loss, reports, self._loss)
         cost = self.books.cost()["total_usd"]
-        record = accounting.history_entry(k, step, time=elapsed, host_time=self.time.host.elapsed(),
-                                          workers=len(trained), round_=self.round, cost_usd=cost)
+        record = accounting.history_entry(
+            k,
+            step,
+            time=elapsed,
+            host_time=self.time.host.elapsed(),
+            workers=len(trained),
+            round_=self.round,
+            cost_usd=cost,
+        )
         if (early := self._early.pop(k, None)) is not None:
             record[early[0]] = early[1]
             record["eval_seconds_total"] = round(s.overheads.eval_seconds, 4)
@@ -209,11 +233,26 @@ class Supervisor:
             self._decide_next(k, step.loss, step.epoch, elapsed, cost)
         else:
             s.members = s.upcoming
-        watch = stopping.watch(s.stop, self.spec, scoring_val=self._watching_val, epoch=step.epoch,
-                               epoch_limit=self.spec.epoch_limit(self.manifest.has_val), elapsed=elapsed, cost_usd=cost)
-        self.sink.step({**record, "active": len(s.members), "stop": s.stop.reason,
-                        "timing": accounting.mean_timing(reports), "val": self._new_val,
-                        "best_val": s.stop.best.value if s.stop.best else None, "watch": watch.as_dict()})
+        watch = stopping.watch(
+            s.stop,
+            self.spec,
+            scoring_val=self._watching_val,
+            epoch=step.epoch,
+            epoch_limit=self.spec.epoch_limit(self.manifest.has_val),
+            elapsed=elapsed,
+            cost_usd=cost,
+        )
+        self.sink.step(
+            {
+                **record,
+                "active": len(s.members),
+                "stop": s.stop.reason,
+                "timing": accounting.mean_timing(reports),
+                "val": self._new_val,
+                "best_val": s.stop.best.value if s.stop.best else None,
+                "watch": watch.as_dict(),
+            }
+        )
         self._new_val = None
         s.clock = k
         # Every worker has applied the steps up to min(applied): their updates can go.
@@ -225,9 +264,16 @@ class Supervisor:
         trainers = s.upcoming  # who trains step k+1 and hears its directive
         # Epochs after step k+1, so max_epochs stops where it did when decisions were immediate.
         epoch_next = (s.cursor + len(trainers)) / self.num_parts
-        s.stop.reason = stopping.stop_reason(s.stop, self.spec, loss=loss, epoch_next=epoch_next,
-                                             epoch_limit=self.spec.epoch_limit(self.manifest.has_val),
-                                             elapsed=elapsed, cost_usd=cost_usd, step=k)
+        s.stop.reason = stopping.stop_reason(
+            s.stop,
+            self.spec,
+            loss=loss,
+            epoch_next=epoch_next,
+            epoch_limit=self.spec.epoch_limit(self.manifest.has_val),
+            elapsed=elapsed,
+            cost_usd=cost_usd,
+            step=k,
+        )
         self.policy.observe(k, elapsed, loss, len(s.members), epoch)
         directive = Directive(step=nxt, round=self.round, stop=bool(s.stop.reason))
         if s.stop.reason:
@@ -252,8 +298,16 @@ class Supervisor:
         if decision is None:
             return list(trainers)
         s = self.state
-        plan = scaling.plan(decision, step=k, applied_at=k + 1, elapsed=elapsed, trainers=trainers,
-                            recent_loss=s.recent_loss, min_workers=self.spec.scaling.min_workers, next_id=s.next_id)
+        plan = scaling.plan(
+            decision,
+            step=k,
+            applied_at=k + 1,
+            elapsed=elapsed,
+            trainers=trainers,
+            recent_loss=s.recent_loss,
+            min_workers=self.spec.scaling.min_workers,
+            next_id=s.next_id,
+        )
         s.next_id += len(plan.joined)
         if plan.joined and self.time.fleet:
             self.time.fleet.launch(plan.joined)  # launched now, at this step's fleet time: one cold start
@@ -271,17 +325,37 @@ class Supervisor:
         if not missing:
             return
         now = self.time.host.round_elapsed()
-        lost = failures.lost_workers(missing, exited=self.launcher.exited(), faults=self.spec.faults,
-                                     round_elapsed=now, stalled_s=now - self._last_progress,
-                                     heartbeats=self.updates.heartbeats, now=wall)
+        lost = failures.lost_workers(
+            missing,
+            exited=self.launcher.exited(),
+            faults=self.spec.faults,
+            round_elapsed=now,
+            stalled_s=now - self._last_progress,
+            heartbeats=self.updates.heartbeats,
+            now=wall,
+        )
         if not lost:
             return
-        failures.on_loss(lost, waiting, faults=self.spec.faults, mode=s.mode,
-                         survivors=[w for w in s.members if w not in lost], directive_staged=waiting in self._staged)
+        failures.on_loss(
+            lost,
+            waiting,
+            faults=self.spec.faults,
+            mode=s.mode,
+            survivors=[w for w in s.members if w not in lost],
+            directive_staged=waiting in self._staged,
+        )
         at = self.time.elapsed()
         self.inbox.ended_at.update(dict.fromkeys(lost, at))
-        directive = failures.go_on_without(lost, waiting, state=s, staged=self._staged[waiting], at=at,
-                                           launcher=self.launcher, updates=self.updates, fleet=self.time.fleet)
+        directive = failures.go_on_without(
+            lost,
+            waiting,
+            state=s,
+            staged=self._staged[waiting],
+            at=at,
+            launcher=self.launcher,
+            updates=self.updates,
+            fleet=self.time.fleet,
+        )
         self._release(waiting, s.members, directive)
 
     # -- the end of the round --------------------------------------------------------
@@ -296,8 +370,13 @@ class Supervisor:
         s.checkpoint_puts += 2  # our state and latest.json
         checkpoint.write_supervisor(self.checkpoints, self.round, self.snapshot())
         checkpoint.commit_round(self.checkpoints, self.round, finished=s.finished, workers=s.members)
-        return {"status": "finished" if s.finished else "unfinished", "round": self.round + 1,
-                "workers": list(s.members), "steps": s.clock + 1, "stop_reason": s.stop.reason}
+        return {
+            "status": "finished" if s.finished else "unfinished",
+            "round": self.round + 1,
+            "workers": list(s.members),
+            "steps": s.clock + 1,
+            "stop_reason": s.stop.reason,
+        }
 
     def failure_report(self, error: str) -> dict[str, Any]:
         """A ``failed`` report of the job as far as it got: the cause, steps, history."""

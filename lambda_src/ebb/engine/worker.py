@@ -40,8 +40,15 @@ from ebb.engine.stopping import improved
 from ebb.engine.striping import PartSequence, position_of
 from ebb.engine.timer import StepTimer
 from ebb.models import Model, build_model
-from ebb.ports.keys import (ABORT_BLOB, BEST_META_KEY, BEST_REPLICA_KEY, SUPERVISOR_SLOT, lost_blob,
-                            replica_blob, worker_key)
+from ebb.ports.keys import (
+    ABORT_BLOB,
+    BEST_META_KEY,
+    BEST_REPLICA_KEY,
+    SUPERVISOR_SLOT,
+    lost_blob,
+    replica_blob,
+    worker_key,
+)
 from ebb.ports.launcher import WorkerStart
 from ebb.ports.manifest import load_manifest
 from ebb.ports.messages import Directive, EndReport, Scoring, StepReport
@@ -85,8 +92,9 @@ class Worker:
         self.slack = spec.sync.slack if self.mode == "ssp" else 0
         significance, combine = spec.sync.significance, spec.sync.combine
         assert significance is not None and combine is not None  # the spec fills them from the model catalogue
-        self.filter = (SignificanceFilter(self.model.params, significance, spec.sync.quantize) if self.mode == "isp"
-                       else None)
+        self.filter = (
+            SignificanceFilter(self.model.params, significance, spec.sync.quantize) if self.mode == "isp" else None
+        )
         self.row_mean = RowMean(self.model.params, combine, spec.sync.sum_cap)
         self.members, self.step, self.cursor = sorted(start.members), start.step, start.cursor
         self.base_lr = self.model.optimizer.lr
@@ -179,8 +187,9 @@ class Worker:
         copy_replica(self.model, decode_batch(self._wait_blob(name)))
 
     def _set_lr(self) -> None:
-        self.model.optimizer.lr = learning_rate(self.spec, self.base_lr, self.step, len(self.members),
-                                                self.sequence.num_parts)
+        self.model.optimizer.lr = learning_rate(
+            self.spec, self.base_lr, self.step, len(self.members), self.sequence.num_parts
+        )
 
     def _receive(self, directive: Directive) -> None:
         if directive.step <= self.applied_upto:
@@ -385,14 +394,16 @@ class Worker:
             return
         started, cpu = time.perf_counter(), time.process_time()
         if self._held_out is None:
-            self._held_out = PartCache(self.data, self.manifest, self.model, split=split,
-                                       max_bytes=self.spec.aws.part_cache_bytes())
+            self._held_out = PartCache(
+                self.data, self.manifest, self.model, split=split, max_bytes=self.spec.aws.part_cache_bytes()
+            )
         metrics = self.model.evaluate(self._held_out.each())
         epoch = (self.cursor + len(self.members)) / self.sequence.num_parts
         if split == "val":
             self._keep_if_best(k, epoch, metrics[self.model.loss_name])
-        self._scoring = Scoring(step=k, split=split, epoch=round(epoch, 4), metrics=metrics,
-                                seconds=time.perf_counter() - started)
+        self._scoring = Scoring(
+            step=k, split=split, epoch=round(epoch, 4), metrics=metrics, seconds=time.perf_counter() - started
+        )
         self._cpu_mark += time.process_time() - cpu  # scoring is not training: kept out of cpu_seconds
 
     def _keep_if_best(self, k: int, epoch: float, value: float) -> None:

@@ -20,8 +20,13 @@ from rich.progress import Progress, TextColumn
 WIDTH = 80
 BAR = 10
 # The stop rules as the line names them (ebb.engine.stopping.watch).
-RULES = {"early_stopping": "patience", "target_loss": "at target", "max_epochs": "epochs", "max_time": "time",
-         "budget": "budget"}
+RULES = {
+    "early_stopping": "patience",
+    "target_loss": "at target",
+    "max_epochs": "epochs",
+    "max_time": "time",
+    "budget": "budget",
+}
 
 
 def clock_text(seconds: float) -> str:
@@ -40,8 +45,7 @@ def _count(value: float) -> str:
     return f"{value:g}" if value == int(value) else f"{value:.1f}"
 
 
-def progress_line(record: dict[str, Any], *, loss_name: str, clock: str, val: float | None,
-                  width: int = WIDTH) -> str:
+def progress_line(record: dict[str, Any], *, loss_name: str, clock: str, val: float | None, width: int = WIDTH) -> str:
     """One closed step as the progress line shows it (``val``: the last held-out scoring)."""
     watch = record.get("watch") or {}
     rule = RULES.get(str(watch.get("rule")), str(watch.get("rule", "")))
@@ -50,14 +54,20 @@ def progress_line(record: dict[str, Any], *, loss_name: str, clock: str, val: fl
     # (text, priority: the lowest is left out first)
     fields: list[tuple[str, int]] = [(f"step {record['step']}", 1), (f"ep {record['epoch']:.1f}", 2)]
     if val is not None or best is not None:
-        fields += [(f"val {val:.4f}" if val is not None else "val -", 8),
-                   (f"best {best:.4f}" if best is not None else "", 7), (f"{loss_name} {record['loss']:.4f}", 0)]
+        fields += [
+            (f"val {val:.4f}" if val is not None else "val -", 8),
+            (f"best {best:.4f}" if best is not None else "", 7),
+            (f"{loss_name} {record['loss']:.4f}", 0),
+        ]
     else:
         fields += [(f"{loss_name} {record['loss']:.4f}", 8)]
     if watch:
         fields += [(bar(done, total), 6), (f"{rule} {_count(done)}/{_count(total)}", 6)]
-    fields += [(f"{record['active']}w", 4), (f"${record['cost_usd']:.4f}", 3) if "cost_usd" in record else ("", 0),
-               (f"{clock} {clock_text(record['time'])}", 5)]
+    fields += [
+        (f"{record['active']}w", 4),
+        (f"${record['cost_usd']:.4f}", 3) if "cost_usd" in record else ("", 0),
+        (f"{clock} {clock_text(record['time'])}", 5),
+    ]
     fields = [(text, rank) for text, rank in fields if text]
     while len(" ".join(text for text, _ in fields)) > width:
         fields.remove(min(fields, key=lambda field: field[1]))
@@ -72,8 +82,12 @@ class ProgressSink:
         self.console = console or Console(stderr=True)
         self.loss_name, self.clock = loss_name, clock
         self.val: float | None = None
-        self.progress = Progress(TextColumn("{task.description}"), console=self.console, transient=False,
-                                 disable=not self.console.is_terminal and not sys.stderr.isatty())
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            console=self.console,
+            transient=False,
+            disable=not self.console.is_terminal and not sys.stderr.isatty(),
+        )
         self.task = self.progress.add_task("", total=None)
         self.progress.start()
         self._last_line = -float("inf")

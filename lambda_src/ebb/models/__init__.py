@@ -21,9 +21,19 @@ def build_model(name: str, manifest, hp, seed: int) -> Model:
     if manifest.kind != expected:
         raise ValueError(f"model {name!r} needs a {expected} dataset, but {manifest.format!r} data is {manifest.kind}")
     if name == "pmf":
-        return PMF(manifest.num_users, manifest.num_items, rank=hp.rank, lr=hp.lr, momentum=hp.momentum, l2=hp.l2,
-                   init_std=hp.init_std, global_mean=float(manifest.stats.get("rating_mean", 0.0)), seed=seed,
-                   rating_range=rating_range(manifest), optimizer=hp.optimizer or "sgd_momentum")
+        return PMF(
+            manifest.num_users,
+            manifest.num_items,
+            rank=hp.rank,
+            lr=hp.lr,
+            momentum=hp.momentum,
+            l2=hp.l2,
+            init_std=hp.init_std,
+            global_mean=float(manifest.stats.get("rating_mean", 0.0)),
+            seed=seed,
+            rating_range=rating_range(manifest),
+            optimizer=hp.optimizer or "sgd_momentum",
+        )
     cls = SparseLR if name == "sparse_lr" else DenseLR
     return cls(manifest.num_features, lr=hp.lr, l2=hp.l2, seed=seed)
 

@@ -9,8 +9,8 @@ worker needs to resume lives in ``state_arrays``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import torch

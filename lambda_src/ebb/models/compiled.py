@@ -34,10 +34,18 @@ _BIAS_ROW = torch.zeros(1, dtype=torch.int64)
 
 
 class _Param(ctypes.Structure):  # train.c's ebb_param
-    _fields_ = [("table", ctypes.c_void_p), ("n_rows", ctypes.c_int64), ("dim", ctypes.c_int64),
-                ("rows", ctypes.c_void_p), ("k", ctypes.c_int64), ("state0", ctypes.c_void_p),
-                ("state1", ctypes.c_void_p), ("row_steps", ctypes.c_void_p), ("base", ctypes.c_void_p),
-                ("delta", ctypes.c_void_p)]
+    _fields_ = [
+        ("table", ctypes.c_void_p),
+        ("n_rows", ctypes.c_int64),
+        ("dim", ctypes.c_int64),
+        ("rows", ctypes.c_void_p),
+        ("k", ctypes.c_int64),
+        ("state0", ctypes.c_void_p),
+        ("state1", ctypes.c_void_p),
+        ("row_steps", ctypes.c_void_p),
+        ("base", ctypes.c_void_p),
+        ("delta", ctypes.c_void_p),
+    ]
 
 
 def _usable(dtype: torch.dtype, *tensors: torch.Tensor) -> bool:
@@ -97,25 +105,43 @@ def _param(table: torch.Tensor, rows: torch.Tensor, opt, name: str) -> tuple[_Pa
             return None
     else:
         s0, s1, steps = opt.m[name], opt.v[name], None if opt.row_steps is None else opt.row_steps[name]
-    if not (_usable(torch.float32, table, *(s for s in (s0, s1) if s is not None)) and _usable(torch.int64, rows)
-            and (steps is None or _usable(torch.float64, steps))):
+    if not (
+        _usable(torch.float32, table, *(s for s in (s0, s1) if s is not None))
+        and _usable(torch.int64, rows)
+        and (steps is None or _usable(torch.float64, steps))
+    ):
         return None
     base = torch.empty(rows.numel(), table.shape[1])
     delta = torch.empty(rows.numel(), table.shape[1])
-    p = _Param(table=table.data_ptr(), n_rows=table.shape[0], dim=table.shape[1], rows=rows.data_ptr(), k=rows.numel(),
-               state0=None if s0 is None else s0.data_ptr(), state1=None if s1 is None else s1.data_ptr(),
-               row_steps=None if steps is None else steps.data_ptr(), base=base.data_ptr(), delta=delta.data_ptr())
+    p = _Param(
+        table=table.data_ptr(),
+        n_rows=table.shape[0],
+        dim=table.shape[1],
+        rows=rows.data_ptr(),
+        k=rows.numel(),
+        state0=None if s0 is None else s0.data_ptr(),
+        state1=None if s1 is None else s1.data_ptr(),
+        row_steps=None if steps is None else steps.data_ptr(),
+        base=base.data_ptr(),
+        delta=delta.data_ptr(),
+    )
     return p, base, delta
 
 
-def pmf_update(params: dict[str, torch.Tensor], opt, batch, rank: int, mu: float,
-               l2: float) -> tuple[float, int, RowUpdate] | None:
+def pmf_update(
+    params: dict[str, torch.Tensor], opt, batch, rank: int, mu: float, l2: float
+) -> tuple[float, int, RowUpdate] | None:
     """``PMF.local_update(batch)`` in one pass (None: the kernels do not run here)."""
     b = batch
-    if (native._lib is None or rank > MAX_RANK or not _known(opt, steps_per_row=True)
-            or params["user"].shape[1] != rank + 1 or params["item"].shape[1] != rank + 1
-            or not _usable(torch.int64, b.user_of, b.item_of)
-            or not _usable(torch.float32, b.rating, b.user_count, b.item_count)):
+    if (
+        native._lib is None
+        or rank > MAX_RANK
+        or not _known(opt, steps_per_row=True)
+        or params["user"].shape[1] != rank + 1
+        or params["item"].shape[1] != rank + 1
+        or not _usable(torch.int64, b.user_of, b.item_of)
+        or not _usable(torch.float32, b.rating, b.user_count, b.item_count)
+    ):
         return None
     user = _param(params["user"], b.users, opt, "user")
     item = _param(params["item"], b.items, opt, "item")
@@ -124,20 +150,43 @@ def pmf_update(params: dict[str, torch.Tensor], opt, batch, rank: int, mu: float
     opt.begin_step()
     o = _optimiser(opt)
     n, loss_sum = b.rating.numel(), ctypes.c_double()
-    _check(native._lib.ebb_pmf_step(
-        ctypes.addressof(user[0]), ctypes.addressof(item[0]), rank, b.user_of.data_ptr(), b.item_of.data_ptr(),
-        b.rating.data_ptr(), n, b.user_count.data_ptr(), b.item_count.data_ptr(), mu, l2, ctypes.addressof(o),
-        ctypes.byref(loss_sum)), opt, "user or item id", params["user"].shape[0], params["item"].shape[0])
-    update = RowUpdate({"user": (b.users, user[2]), "item": (b.items, item[2])},
-                       base={"user": user[1], "item": item[1]})
+    _check(
+        native._lib.ebb_pmf_step(
+            ctypes.addressof(user[0]),
+            ctypes.addressof(item[0]),
+            rank,
+            b.user_of.data_ptr(),
+            b.item_of.data_ptr(),
+            b.rating.data_ptr(),
+            n,
+            b.user_count.data_ptr(),
+            b.item_count.data_ptr(),
+            mu,
+            l2,
+            ctypes.addressof(o),
+            ctypes.byref(loss_sum),
+        ),
+        opt,
+        "user or item id",
+        params["user"].shape[0],
+        params["item"].shape[0],
+    )
+    update = RowUpdate(
+        {"user": (b.users, user[2]), "item": (b.items, item[2])}, base={"user": user[1], "item": item[1]}
+    )
     return loss_sum.value, n, update
 
 
 def sparse_lr_update(params: dict[str, torch.Tensor], opt, batch, l2: float) -> tuple[float, int, RowUpdate] | None:
     """``SparseLR.local_update(batch)`` in one pass (None: the kernels do not run here)."""
     b = batch
-    if (native._lib is None or not _known(opt, steps_per_row=False) or params["weight"].shape[1] != 1
-            or not _usable(torch.int64, b.feature_of, b.sample_of) or not _usable(torch.float32, b.values, b.label)):
+    if (
+        native._lib is None
+        or not _known(opt, steps_per_row=False)
+        or params["weight"].shape[1] != 1
+        or not _usable(torch.int64, b.feature_of, b.sample_of)
+        or not _usable(torch.float32, b.values, b.label)
+    ):
         return None
     weight = _param(params["weight"], b.features, opt, "weight")
     bias = _param(params["bias"], _BIAS_ROW, opt, "bias")
@@ -147,12 +196,28 @@ def sparse_lr_update(params: dict[str, torch.Tensor], opt, batch, l2: float) -> 
     o = _optimiser(opt)
     n, loss_sum = b.label.numel(), ctypes.c_double()
     scratch = torch.empty(n)  # (held here: its memory must outlive the call)
-    _check(native._lib.ebb_sparse_lr_step(
-        ctypes.addressof(weight[0]), ctypes.addressof(bias[0]), b.feature_of.data_ptr(), b.sample_of.data_ptr(),
-        b.values.data_ptr(), b.values.numel(), b.label.data_ptr(), n, l2, scratch.data_ptr(),
-        ctypes.addressof(o), ctypes.byref(loss_sum)), opt, "feature index", params["weight"].shape[0])
-    update = RowUpdate({"weight": (b.features, weight[2]), "bias": (_BIAS_ROW, bias[2])},
-                       base={"weight": weight[1], "bias": bias[1]})
+    _check(
+        native._lib.ebb_sparse_lr_step(
+            ctypes.addressof(weight[0]),
+            ctypes.addressof(bias[0]),
+            b.feature_of.data_ptr(),
+            b.sample_of.data_ptr(),
+            b.values.data_ptr(),
+            b.values.numel(),
+            b.label.data_ptr(),
+            n,
+            l2,
+            scratch.data_ptr(),
+            ctypes.addressof(o),
+            ctypes.byref(loss_sum),
+        ),
+        opt,
+        "feature index",
+        params["weight"].shape[0],
+    )
+    update = RowUpdate(
+        {"weight": (b.features, weight[2]), "bias": (_BIAS_ROW, bias[2])}, base={"weight": weight[1], "bias": bias[1]}
+    )
     return loss_sum.value, n, update
 
 
@@ -161,7 +226,10 @@ def _check(outcome: int, opt, ids: str, *sizes: int) -> None:
     if outcome:
         opt.steps -= 1
         if outcome == _BAD_ROW:
-            raise IndexError(f"a minibatch's {ids} is out of range of the model ({' and '.join(map(str, sizes))} rows):"
-                             " was the model built from this dataset's manifest?")
-        raise IndexError("a minibatch's positions are out of range of its own rows: not a batch its model's"
-                         " to_batch made")
+            raise IndexError(
+                f"a minibatch's {ids} is out of range of the model ({' and '.join(map(str, sizes))} rows):"
+                " was the model built from this dataset's manifest?"
+            )
+        raise IndexError(
+            "a minibatch's positions are out of range of its own rows: not a batch its model's to_batch made"
+        )

@@ -15,11 +15,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ebb.models.base import Model
 from ebb.catalogue import entry
+from ebb.models import compiled
+from ebb.models.base import Model
 from ebb.models.metrics import classification_metrics
 from ebb.models.optim import SparseAdam
-from ebb.models import compiled
 
 _BIAS_ROW = torch.zeros(1, dtype=torch.int64)
 
@@ -67,8 +67,13 @@ class SparseLR(_Logistic):
         indptr = torch.from_numpy(arrays["indptr"].astype(np.int64))
         features, feature_of = torch.unique(torch.from_numpy(arrays["indices"].astype(np.int64)), return_inverse=True)
         sample_of = torch.repeat_interleave(torch.arange(indptr.numel() - 1), indptr.diff())
-        return SparseBatch(features, feature_of, sample_of, torch.from_numpy(arrays["values"].astype(np.float32)),
-                           torch.from_numpy(arrays["label"].astype(np.float32)))
+        return SparseBatch(
+            features,
+            feature_of,
+            sample_of,
+            torch.from_numpy(arrays["values"].astype(np.float32)),
+            torch.from_numpy(arrays["label"].astype(np.float32)),
+        )
 
     def local_update(self, batch: SparseBatch):
         """In one compiled pass where the kernels run (``ebb.models.compiled``), else in torch."""

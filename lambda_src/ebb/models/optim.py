@@ -54,14 +54,16 @@ class SparseAdam:
     touched at very different rates.
     """
 
-    def __init__(self, params: dict[str, torch.Tensor], lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
-                 row_steps: bool = False):
+    def __init__(
+        self, params: dict[str, torch.Tensor], lr: float, betas=(0.9, 0.999), eps: float = 1e-8, row_steps: bool = False
+    ):
         self.lr, (self.beta1, self.beta2), self.eps = lr, betas, eps
         self.m = {n: torch.zeros_like(p) for n, p in params.items()}
         self.v = {n: torch.zeros_like(p) for n, p in params.items()}
         # float64 counts: exact far past any job's length, and the bias terms are computed in float64.
-        self.row_steps = {n: torch.zeros(p.shape[0], 1, dtype=torch.float64) for n, p in params.items()} \
-            if row_steps else None
+        self.row_steps = (
+            {n: torch.zeros(p.shape[0], 1, dtype=torch.float64) for n, p in params.items()} if row_steps else None
+        )
         self.steps = 0
 
     def begin_step(self) -> None:
@@ -104,5 +106,7 @@ def _require(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) 
     """A saved optimiser state must hold what this optimiser keeps (e.g. not momentum for Adam)."""
     missing = sorted(set(expected) - set(state))
     if missing:
-        raise ValueError(f"the saved optimiser state has no {', '.join(missing)} (it holds {', '.join(sorted(state))}):"
-                         " was it written with another hyper.optimizer?")
+        raise ValueError(
+            f"the saved optimiser state has no {', '.join(missing)} (it holds {', '.join(sorted(state))}):"
+            " was it written with another hyper.optimizer?"
+        )

@@ -31,12 +31,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ebb.models.base import Model
 from ebb.catalogue import entry
+from ebb.models import compiled
+from ebb.models.base import Model
 from ebb.models.metrics import rmse
 from ebb.models.optim import SparseAdam, SparseSGD
-from ebb.models import compiled
-
 
 OPTIMIZERS = ("sgd_momentum", "adam")  # the first is the default
 
@@ -56,9 +55,21 @@ class PMF(Model):
     kind = "ratings"
     loss_name = entry("pmf").loss_name
 
-    def __init__(self, num_users: int, num_items: int, *, rank: int, lr: float, momentum: float, l2: float,
-                 init_std: float, global_mean: float, seed: int, rating_range: tuple[float, float] | None = None,
-                 optimizer: str = "sgd_momentum"):
+    def __init__(
+        self,
+        num_users: int,
+        num_items: int,
+        *,
+        rank: int,
+        lr: float,
+        momentum: float,
+        l2: float,
+        init_std: float,
+        global_mean: float,
+        seed: int,
+        rating_range: tuple[float, float] | None = None,
+        optimizer: str = "sgd_momentum",
+    ):
         gen = torch.Generator().manual_seed(seed)
         user, item = torch.zeros(num_users, rank + 1), torch.zeros(num_items, rank + 1)  # biases start at 0
         user[:, :rank] = torch.randn(num_users, rank, generator=gen).mul_(init_std)
@@ -78,8 +89,15 @@ class PMF(Model):
         items, item_of = torch.unique(torch.from_numpy(arrays["item"].astype(np.int64)), return_inverse=True)
         user_count = torch.bincount(user_of).unsqueeze(1).float()
         item_count = torch.bincount(item_of).unsqueeze(1).float()
-        return RatingsBatch(users, user_of, items, item_of, torch.from_numpy(arrays["rating"].astype(np.float32)),
-                            user_count, item_count)
+        return RatingsBatch(
+            users,
+            user_of,
+            items,
+            item_of,
+            torch.from_numpy(arrays["rating"].astype(np.float32)),
+            user_count,
+            item_count,
+        )
 
     def local_update(self, batch: RatingsBatch):
         """In one compiled pass where the kernels run (``ebb.models.compiled``), else in torch."""

@@ -80,13 +80,23 @@ def expand_q8(masks: np.ndarray, dim: int, codes: np.ndarray, scales: np.ndarray
     padded[:n] = codes
     flat = np.empty(k * dim + 8, dtype=np.float32)  # the kernel may write 8 floats past the last row
     out = flat[: k * dim].reshape(k, dim)
-    _check_count(_lib.ebb_expand_q8(masks.ctypes.data, k, dim, width, padded.ctypes.data, n, scales.ctypes.data,
-                                    out.ctypes.data), n)
+    _check_count(
+        _lib.ebb_expand_q8(
+            masks.ctypes.data, k, dim, width, padded.ctypes.data, n, scales.ctypes.data, out.ctypes.data
+        ),
+        n,
+    )
     return out
 
 
-def mask_elements(masks: np.ndarray, dim: int, idx: np.ndarray, n: int, codes: np.ndarray | None = None,
-                  scales: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def mask_elements(
+    masks: np.ndarray,
+    dim: int,
+    idx: np.ndarray,
+    n: int,
+    codes: np.ndarray | None = None,
+    scales: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The set bits of masked rows as single entries: (row, flat index ``row × dim + entry``)
     int64 [n] each, and with int8 ``codes`` their values ``code × scale`` float32 [n]
     (else None). ``idx``: the rows' indices, int64 [k]; the rest as ``expand_q8``."""
@@ -101,8 +111,12 @@ def mask_elements(masks: np.ndarray, dim: int, idx: np.ndarray, n: int, codes: n
         scales = np.ascontiguousarray(scales, dtype=np.uint16)
         vals = np.empty(n, dtype=np.float32)
         args = (codes.ctypes.data, scales.ctypes.data, vals.ctypes.data)
-    _check_count(_lib.ebb_mask_elements(masks.ctypes.data, k, dim, width, idx.ctypes.data, n, rows.ctypes.data,
-                                        flat.ctypes.data, *args), n)
+    _check_count(
+        _lib.ebb_mask_elements(
+            masks.ctypes.data, k, dim, width, idx.ctypes.data, n, rows.ctypes.data, flat.ctypes.data, *args
+        ),
+        n,
+    )
     return rows, flat, vals
 
 
@@ -111,8 +125,9 @@ def _check_count(carried: int, n: int) -> None:
         raise ValueError(f"corrupt update: its row masks carry {carried} values, its header says {n}")
 
 
-def isp_filter(table: np.ndarray, rows: np.ndarray, vals: np.ndarray, x: np.ndarray, v: np.float32,
-               form: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None] | None:
+def isp_filter(
+    table: np.ndarray, rows: np.ndarray, vals: np.ndarray, x: np.ndarray, v: np.float32, form: str | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None] | None:
     """The ISP significance filter on one parameter's touched rows, in one pass (see
     ``ebb.engine.isp``): ``table`` (the pending δ, float32 [N, dim], updated in place),
     ``rows`` int64 [k], ``vals`` and ``x`` (the update and the parameter's rows) float32
@@ -136,10 +151,22 @@ def isp_filter(table: np.ndarray, rows: np.ndarray, vals: np.ndarray, x: np.ndar
     mode = _FORMS[form]
     codes = None if mode == 0 else np.empty((k, dim), dtype=np.int8 if mode == 1 else np.float16)
     scales = np.empty(k, dtype=np.uint16) if mode == 1 else None
-    q = _lib.ebb_isp_filter(table.ctypes.data, dim, rows.ctypes.data, k, vals.ctypes.data, x.ctypes.data, v,
-                            mode, delta.ctypes.data, peaks.ctypes.data, sent.ctypes.data,
-                            None if codes is None else codes.ctypes.data,
-                            None if scales is None else scales.ctypes.data, at.ctypes.data)
+    q = _lib.ebb_isp_filter(
+        table.ctypes.data,
+        dim,
+        rows.ctypes.data,
+        k,
+        vals.ctypes.data,
+        x.ctypes.data,
+        v,
+        mode,
+        delta.ctypes.data,
+        peaks.ctypes.data,
+        sent.ctypes.data,
+        None if codes is None else codes.ctypes.data,
+        None if scales is None else scales.ctypes.data,
+        at.ctypes.data,
+    )
     if q < 0:
         return None
     return at[:q], sent[:q], None if codes is None else codes[:q], None if scales is None else scales[:q]
@@ -149,12 +176,26 @@ class Optim(ctypes.Structure):
     """train.c's ebb_optim: an optimiser's scalars, rounded as torch rounds them (see
     ``ebb.models.compiled``)."""
 
-    _fields_ = [("kind", ctypes.c_int32), ("fused_axpy", ctypes.c_int32), ("fused_addcmul", ctypes.c_int32),
-                ("nesterov", ctypes.c_int32), ("lr_neg", ctypes.c_float), ("momentum", ctypes.c_float),
-                ("beta1", ctypes.c_float), ("beta2", ctypes.c_float), ("one_minus_beta1", ctypes.c_float),
-                ("one_minus_beta2", ctypes.c_float), ("step", ctypes.c_float), ("eps", ctypes.c_float),
-                ("lr", ctypes.c_double), ("eps_d", ctypes.c_double), ("bias_terms", ctypes.c_void_p),
-                ("bias_len", ctypes.c_int64), ("beta1_d", ctypes.c_double), ("beta2_d", ctypes.c_double)]
+    _fields_ = [
+        ("kind", ctypes.c_int32),
+        ("fused_axpy", ctypes.c_int32),
+        ("fused_addcmul", ctypes.c_int32),
+        ("nesterov", ctypes.c_int32),
+        ("lr_neg", ctypes.c_float),
+        ("momentum", ctypes.c_float),
+        ("beta1", ctypes.c_float),
+        ("beta2", ctypes.c_float),
+        ("one_minus_beta1", ctypes.c_float),
+        ("one_minus_beta2", ctypes.c_float),
+        ("step", ctypes.c_float),
+        ("eps", ctypes.c_float),
+        ("lr", ctypes.c_double),
+        ("eps_d", ctypes.c_double),
+        ("bias_terms", ctypes.c_void_p),
+        ("bias_len", ctypes.c_int64),
+        ("beta1_d", ctypes.c_double),
+        ("beta2_d", ctypes.c_double),
+    ]
 
 
 @cache
@@ -175,12 +216,26 @@ def add_rows(table: torch.Tensor, rows: torch.Tensor, vals: torch.Tensor, scale:
     rounds it, in one pass. False (nothing done) where the kernels do not run or the
     tensors are not contiguous float32 [N, dim], int64 [k] and float32 [k, dim]: the caller
     runs torch. Raises IndexError, having written nothing, for a row not in ``table``."""
-    if (_lib is None or table.dtype != torch.float32 or vals.dtype != torch.float32 or rows.dtype != torch.int64
-            or table.dim() != 2 or vals.shape != (rows.numel(), table.shape[1])
-            or not (table.is_contiguous() and rows.is_contiguous() and vals.is_contiguous())):
+    if (
+        _lib is None
+        or table.dtype != torch.float32
+        or vals.dtype != torch.float32
+        or rows.dtype != torch.int64
+        or table.dim() != 2
+        or vals.shape != (rows.numel(), table.shape[1])
+        or not (table.is_contiguous() and rows.is_contiguous() and vals.is_contiguous())
+    ):
         return False
     opt = Optim(fused_axpy=torch_fuses()[0])
-    if _lib.ebb_add_rows(table.data_ptr(), table.shape[0], table.shape[1], rows.data_ptr(), rows.numel(),
-                         vals.data_ptr(), scale, ctypes.addressof(opt)):
+    if _lib.ebb_add_rows(
+        table.data_ptr(),
+        table.shape[0],
+        table.shape[1],
+        rows.data_ptr(),
+        rows.numel(),
+        vals.data_ptr(),
+        scale,
+        ctypes.addressof(opt),
+    ):
         raise IndexError(f"an update's row is out of range of a table of {table.shape[0]} rows")
     return True

@@ -22,8 +22,16 @@ LIBRARY = Path(__file__).with_name(f"_kernels.{platform.machine()}.so")
 # trapping math the compiler may turn a comparison into a mask and vectorise the loop (the
 # results are the same; only floating-point exceptions, which nothing traps, could differ);
 # without errno, sqrtf is one instruction (nothing reads errno).
-CFLAGS = ("-O3", "-std=c99", "-fPIC", "-shared", "-fno-fast-math", "-ffp-contract=off", "-fno-trapping-math",
-          "-fno-math-errno")
+CFLAGS = (
+    "-O3",
+    "-std=c99",
+    "-fPIC",
+    "-shared",
+    "-fno-fast-math",
+    "-ffp-contract=off",
+    "-fno-trapping-math",
+    "-fno-math-errno",
+)
 
 
 def build(out: Path = LIBRARY, cc: str | None = None) -> Path:
@@ -40,11 +48,15 @@ def build(out: Path = LIBRARY, cc: str | None = None) -> Path:
 def main(argv: list[str] | None = None, loads: Callable[[Path], bool] | None = None) -> int:
     """The command line; ``loads(path)`` says whether a built library loads (``--check``;
     ``python -m ebb.native`` passes the package's loader)."""
-    ap = argparse.ArgumentParser(prog="python -m ebb.native", description=(
-        "Build Ebb's compiled kernels: ISP's payload decoding in one pass per loop, and PMF's and "
-        "sparse LR's training steps in one pass over a minibatch. Optional: without them the engine "
-        "does the same arithmetic in numpy and torch, a few times slower in those loops. scripts/setup.sh and "
-        "the worker image build them."))
+    ap = argparse.ArgumentParser(
+        prog="python -m ebb.native",
+        description=(
+            "Build Ebb's compiled kernels: ISP's payload decoding in one pass per loop, and PMF's and "
+            "sparse LR's training steps in one pass over a minibatch. Optional: without them the engine "
+            "does the same arithmetic in numpy and torch, a few times slower in those loops. scripts/setup.sh and "
+            "the worker image build them."
+        ),
+    )
     ap.add_argument("--out", type=Path, default=LIBRARY, help=f"the shared library to write (default {LIBRARY})")
     ap.add_argument("--cc", help="the C compiler (default $CC, then cc, then gcc)")
     ap.add_argument("--check", action="store_true", help="only say whether the kernels load here; exit 1 if not")

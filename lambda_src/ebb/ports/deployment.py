@@ -47,20 +47,24 @@ def scratch_prefix(job_id: str) -> str:
 # What each function writes, as object-key patterns (IAM wildcards; `*` spans `/`). The
 # stack grants exactly these (stacks/compute.py) and nothing else: PutObject on `put`,
 # DeleteObject on `delete`. Every function reads the whole bucket.
-PUT = MappingProxyType({
-    "worker": (f"{CHECKPOINTS}*", f"{SCRATCH}*"),
-    "supervisor": (f"{CHECKPOINTS}*", f"{SCRATCH}*", f"{JOBS}*/{PROGRESS_KEY}"),
-    "prepare": (f"{DATASETS}*",),
-    "finalize": (f"{JOBS}*",),  # report.json, model.npz, loss.png, progress.json under `out`
-    "validate": (f"{JOBS}*/{SPEC_FILE}",),
-    "on_failure": (f"{JOBS}*",),  # the failed report.json, progress.json, the abort marker
-})
-DELETE = MappingProxyType({
-    "worker": (f"{CHECKPOINTS}*", f"{SCRATCH}*"),  # old rounds' checkpoints, payloads read
-    "supervisor": (f"{CHECKPOINTS}*", f"{SCRATCH}*"),
-    "prepare": (f"{DATASETS}*",),  # the old manifest and stale parts of a dataset prepared again
-    "finalize": (f"{CHECKPOINTS}*",),  # a finished job's checkpoints
-})
+PUT = MappingProxyType(
+    {
+        "worker": (f"{CHECKPOINTS}*", f"{SCRATCH}*"),
+        "supervisor": (f"{CHECKPOINTS}*", f"{SCRATCH}*", f"{JOBS}*/{PROGRESS_KEY}"),
+        "prepare": (f"{DATASETS}*",),
+        "finalize": (f"{JOBS}*",),  # report.json, model.npz, loss.png, progress.json under `out`
+        "validate": (f"{JOBS}*/{SPEC_FILE}",),
+        "on_failure": (f"{JOBS}*",),  # the failed report.json, progress.json, the abort marker
+    }
+)
+DELETE = MappingProxyType(
+    {
+        "worker": (f"{CHECKPOINTS}*", f"{SCRATCH}*"),  # old rounds' checkpoints, payloads read
+        "supervisor": (f"{CHECKPOINTS}*", f"{SCRATCH}*"),
+        "prepare": (f"{DATASETS}*",),  # the old manifest and stale parts of a dataset prepared again
+        "finalize": (f"{CHECKPOINTS}*",),  # a finished job's checkpoints
+    }
+)
 FUNCTIONS = tuple(PUT)  # by handler module: ebb.aws.handlers.<name>.handler
 
 # -- environment variables (set by the stack, read in ebb/aws/config.py and the stores) --
@@ -87,8 +91,18 @@ def service_name(function: str) -> str:
 # -- metrics (embedded metric format; docs/AWS.md "Metrics") -----------------------------
 METRICS_NAMESPACE = "Ebb"
 JOB_DIMENSION = "JobId"
-JOB_METRICS = ("Loss", "TestMetric", "ActiveWorkers", "StepSeconds", "ComputeSeconds", "CommSeconds",
-               "WaitSeconds", "BytesExchanged", "SentFraction", "CostUsd")
+JOB_METRICS = (
+    "Loss",
+    "TestMetric",
+    "ActiveWorkers",
+    "StepSeconds",
+    "ComputeSeconds",
+    "CommSeconds",
+    "WaitSeconds",
+    "BytesExchanged",
+    "SentFraction",
+    "CostUsd",
+)
 
 # -- queues, topics and events -----------------------------------------------------------
 FILTER_ATTRIBUTE = "worker"  # the control topic's message attribute worker queues filter on

@@ -93,5 +93,6 @@ def load_manifest(store: ObjectStore, where: str = "the dataset") -> Manifest:
     try:
         return Manifest.from_json(raw.decode())
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{where}/{MANIFEST_KEY} is corrupt ({type(exc).__name__}: {exc}); "
-                            "prepare the dataset again") from None
+        raise ManifestError(
+            f"{where}/{MANIFEST_KEY} is corrupt ({type(exc).__name__}: {exc}); prepare the dataset again"
+        ) from None

@@ -26,10 +26,12 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     """``s3://bucket/a/b/`` -> ``("bucket", "a/b")``; a ``ValueError`` naming ``url`` if malformed."""
     if not is_s3(url):
         raise ValueError(f"not an S3 URL: {url!r} (expected s3://bucket/prefix)")
-    bucket, _, path = url[len(S3_SCHEME):].partition("/")
+    bucket, _, path = url[len(S3_SCHEME) :].partition("/")
     if not _BUCKET_NAME.fullmatch(bucket):
-        raise ValueError(f"malformed S3 URL {url!r}: expected s3://bucket/prefix with a bucket name of 3-63 "
-                         "lowercase letters, digits, dots and hyphens")
+        raise ValueError(
+            f"malformed S3 URL {url!r}: expected s3://bucket/prefix with a bucket name of 3-63 "
+            "lowercase letters, digits, dots and hyphens"
+        )
     path = path.rstrip("/")
     if path and any(part in ("", ".", "..") for part in path.split("/")):
         raise ValueError(f"malformed S3 URL {url!r}: empty, '.' or '..' path segment")

@@ -35,8 +35,14 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 
 from ebb.ports.deployment import REDIS_CLUSTER_ENV, REDIS_SECRET_ENV, REDIS_URLS_ENV
-from ebb.stores.redis_store import (CONNECTION_OPTIONS, UPDATE_TTL_S, RedisSignalChannel, RedisUpdateStore, connect,
-                                    job_prefix)
+from ebb.stores.redis_store import (
+    CONNECTION_OPTIONS,
+    UPDATE_TTL_S,
+    RedisSignalChannel,
+    RedisUpdateStore,
+    connect,
+    job_prefix,
+)
 
 
 class AuthToken(redis.CredentialProvider):
@@ -78,8 +84,10 @@ def _parse_secret(value: str | None, secret_arn: str) -> tuple[str | None, str]:
         return None, value
     password = doc.get("password")
     if not isinstance(password, str) or not password:
-        raise ValueError(f"secret {secret_arn} is JSON without a 'password' field: store the Redis AUTH token "
-                         "as the whole SecretString or as {\"password\": …}")
+        raise ValueError(
+            f"secret {secret_arn} is JSON without a 'password' field: store the Redis AUTH token "
+            'as the whole SecretString or as {"password": …}'
+        )
     username = doc.get("username")
     return (username if isinstance(username, str) and username else None), password
 
@@ -111,8 +119,10 @@ class CacheConfig(NamedTuple):
         env = os.environ if environ is None else environ
         urls = [u.strip() for u in env.get(REDIS_URLS_ENV, "").split(",") if u.strip()]
         if not urls:
-            raise ValueError(f"{REDIS_URLS_ENV} is not set: the cache's rediss://host:port endpoints, comma-separated "
-                             "(see docs/AWS.md, 'Environment variables')")
+            raise ValueError(
+                f"{REDIS_URLS_ENV} is not set: the cache's rediss://host:port endpoints, comma-separated "
+                "(see docs/AWS.md, 'Environment variables')"
+            )
         cluster = env.get(REDIS_CLUSTER_ENV, "0").strip()
         if cluster not in ("0", "1"):
             raise ValueError(f"{REDIS_CLUSTER_ENV} must be 0 or 1, not {cluster!r}")
@@ -126,8 +136,9 @@ class Cache(NamedTuple):
     channel: Callable[[int], RedisSignalChannel]
 
 
-def open_cache(job: str, *, environ: Mapping[str, str] | None = None, secretsmanager=None,
-               ssl_ca_certs: str | None = None) -> Cache:
+def open_cache(
+    job: str, *, environ: Mapping[str, str] | None = None, secretsmanager=None, ssl_ca_certs: str | None = None
+) -> Cache:
     """The update store and channel factory of ``job`` on the cache the stack names.
 
     ``ssl_ca_certs``: a CA bundle to verify the servers with (default: the system's trust
@@ -151,8 +162,9 @@ def open_cache(job: str, *, environ: Mapping[str, str] | None = None, secretsman
     return Cache(RedisUpdateStore([client(u) for u in config.urls], job), channel)
 
 
-def cluster_client(urls: list[str], *, credentials: redis.CredentialProvider | None = None,
-                   ssl_ca_certs: str | None = None) -> RedisCluster:
+def cluster_client(
+    urls: list[str], *, credentials: redis.CredentialProvider | None = None, ssl_ca_certs: str | None = None
+) -> RedisCluster:
     """One client for a cluster-mode or serverless cache, ``urls`` its startup nodes."""
     parts = [urlsplit(u) for u in urls]
     tls = parts[0].scheme == "rediss"
@@ -173,11 +185,14 @@ def _check_url(url: str, *, authenticated: bool) -> None:
     if parts.scheme not in ("redis", "rediss") or not parts.hostname:
         raise ValueError(f"EBB_REDIS_URLS: expected redis[s]://host:port, got a {parts.scheme or 'schemeless'} URL")
     if parts.username or parts.password:
-        raise ValueError(f"EBB_REDIS_URLS: the URL of {parts.hostname} holds credentials; the AUTH token comes "
-                         "from EBB_REDIS_SECRET_ARN only")
+        raise ValueError(
+            f"EBB_REDIS_URLS: the URL of {parts.hostname} holds credentials; the AUTH token comes "
+            "from EBB_REDIS_SECRET_ARN only"
+        )
     if authenticated and parts.scheme == "redis" and not _loopback(parts.hostname):
-        raise ValueError(f"EBB_REDIS_URLS: redis://{parts.hostname} would send the AUTH token in clear text; "
-                         "use rediss:// (TLS)")
+        raise ValueError(
+            f"EBB_REDIS_URLS: redis://{parts.hostname} would send the AUTH token in clear text; use rediss:// (TLS)"
+        )
 
 
 def _loopback(host: str) -> bool:
@@ -240,8 +255,9 @@ class RedisClusterUpdateStore:
     def clear(self) -> None:
         """Delete every key of this job, on every shard."""
         ours = (self.prefix.encode(), self._worker_prefix.encode())
-        keys = [k for k in self.client.scan_iter(match=f"ebb:{{{_glob_escape(self.job)}*", count=1000)
-                if k.startswith(ours)]
+        keys = [
+            k for k in self.client.scan_iter(match=f"ebb:{{{_glob_escape(self.job)}*", count=1000) if k.startswith(ours)
+        ]
         pipe = self.client.pipeline(transaction=False)
         for k in keys:
             pipe.unlink(k)

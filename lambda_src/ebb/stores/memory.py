@@ -67,8 +67,9 @@ class MemorySignalChannel:
 
     def _deliver(self, t: int, workers: list[int], directive: Directive) -> None:
         state = self._steps.pop(t)
-        body = encode(directive.model_copy(update={"senders": sorted(state["senders"]),
-                                                   "last_sent_at": state["last_sent_at"]}))
+        body = encode(
+            directive.model_copy(update={"senders": sorted(state["senders"]), "last_sent_at": state["last_sent_at"]})
+        )
         for w in workers:
             self._directives.setdefault(w, queue.Queue()).put(body)
 

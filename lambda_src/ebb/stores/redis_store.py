@@ -29,8 +29,12 @@ BLOCK_CHUNK_S = 5.0
 SOCKET_TIMEOUT_S = BLOCK_CHUNK_S + 25.0
 
 
-CONNECTION_OPTIONS = {"socket_keepalive": True, "health_check_interval": 30, "socket_timeout": SOCKET_TIMEOUT_S,
-                      "socket_connect_timeout": 10}
+CONNECTION_OPTIONS = {
+    "socket_keepalive": True,
+    "health_check_interval": 30,
+    "socket_timeout": SOCKET_TIMEOUT_S,
+    "socket_connect_timeout": 10,
+}
 
 
 def connect(url: str, **options) -> redis.Redis:
@@ -144,7 +148,9 @@ end
 """
 
 # KEYS: senders, lastsent, count, staged, reports, wake, dir:<w>...; ARGV: the step report
-_REPORT = _DELIVER + """
+_REPORT = (
+    _DELIVER
+    + """
 local m = cjson.decode(ARGV[1])
 redis.call('RPUSH', KEYS[5], ARGV[1])
 if m['sent_bytes'] > 0 then redis.call('RPUSH', KEYS[1], m['worker']) end
@@ -166,10 +172,13 @@ if n >= need then
 end
 return 0
 """
+)
 
 # KEYS: senders, lastsent, count, staged, dir:<w>...; ARGV: directive (with 'trainers'), number of
 # workers. Returns 1 if it was delivered at once (the step was complete already).
-_RELEASE = _DELIVER + """
+_RELEASE = (
+    _DELIVER
+    + """
 local n = tonumber(redis.call('GET', KEYS[3]) or '0')
 if n >= tonumber(ARGV[2]) then
   return deliver(ARGV[1], 5)
@@ -177,6 +186,7 @@ end
 redis.call('SET', KEYS[4], ARGV[1], 'EX', 3600)
 return 0
 """
+)
 
 
 class RedisSignalChannel:
@@ -193,8 +203,13 @@ class RedisSignalChannel:
 
     def _barrier_keys(self, step: int, workers: list[int]) -> list[str]:
         p = self.prefix
-        return [f"{p}senders:{step}", f"{p}lastsent:{step}", f"{p}count:{step}", f"{p}staged:{step}",
-                *(f"{p}dir:{w}" for w in sorted(workers))]
+        return [
+            f"{p}senders:{step}",
+            f"{p}lastsent:{step}",
+            f"{p}count:{step}",
+            f"{p}staged:{step}",
+            *(f"{p}dir:{w}" for w in sorted(workers)),
+        ]
 
     def report(self, message: StepReport | EndReport) -> None:
         """Queue a report. A step report goes through the script that may open the

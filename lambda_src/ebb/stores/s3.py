@@ -77,8 +77,11 @@ def s3_client():
 
 def transfer_config() -> TransferConfig:
     """Multipart settings from the module constants (read at each call, so tests may lower them)."""
-    return TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_PART_SIZE,
-                          max_concurrency=TRANSFER_CONCURRENCY)
+    return TransferConfig(
+        multipart_threshold=MULTIPART_THRESHOLD,
+        multipart_chunksize=MULTIPART_PART_SIZE,
+        max_concurrency=TRANSFER_CONCURRENCY,
+    )
 
 
 class S3ObjectStore:
@@ -185,7 +188,7 @@ class S3ObjectStore:
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + prefix)
             for page in pages:
-                keys.extend(obj["Key"][len(base):] for obj in page.get("Contents", ()))
+                keys.extend(obj["Key"][len(base) :] for obj in page.get("Contents", ()))
         except (ClientError, BotoCoreError) as exc:
             raise self._error("ListObjectsV2", prefix, exc) from exc
         return sorted(keys)

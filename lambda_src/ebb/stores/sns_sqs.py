@@ -39,8 +39,14 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from ebb.ports.deployment import (CONTROL_TOPIC_ENV, FILTER_ATTRIBUTE, MAX_WORKERS_ENV, SUPERVISOR_QUEUE_ENV,
-                           WORKER_QUEUE_PREFIX_ENV, worker_queue_name)
+from ebb.ports.deployment import (
+    CONTROL_TOPIC_ENV,
+    FILTER_ATTRIBUTE,
+    MAX_WORKERS_ENV,
+    SUPERVISOR_QUEUE_ENV,
+    WORKER_QUEUE_PREFIX_ENV,
+    worker_queue_name,
+)
 from ebb.ports.messages import Directive, EndReport, MessageError, StepReport, decode_directive, decode_report, encode
 from ebb.ports.objects import ObjectStore
 
@@ -115,9 +121,19 @@ class SnsSqsSignalChannel:
     in-process worker threads at once.
     """
 
-    def __init__(self, job: str, round_: int, *, topic_arn: str, supervisor_queue_url: str,
-                 worker_queue_prefix: str, scratch: ObjectStore, sns=None, sqs=None,
-                 max_workers: int | None = None):
+    def __init__(
+        self,
+        job: str,
+        round_: int,
+        *,
+        topic_arn: str,
+        supervisor_queue_url: str,
+        worker_queue_prefix: str,
+        scratch: ObjectStore,
+        sns=None,
+        sqs=None,
+        max_workers: int | None = None,
+    ):
         import boto3
 
         region = _region_of(topic_arn)
@@ -139,8 +155,16 @@ class SnsSqsSignalChannel:
         self._directives_seen: dict[int, set[int]] = {}
 
     @classmethod
-    def from_env(cls, job: str, round_: int, scratch: ObjectStore, *, environ: Mapping[str, str] | None = None,
-                 sns=None, sqs=None) -> SnsSqsSignalChannel:
+    def from_env(
+        cls,
+        job: str,
+        round_: int,
+        scratch: ObjectStore,
+        *,
+        environ: Mapping[str, str] | None = None,
+        sns=None,
+        sqs=None,
+    ) -> SnsSqsSignalChannel:
         """The channel the stack wired up (docs/AWS.md: ``EBB_CONTROL_TOPIC_ARN``,
         ``EBB_SUPERVISOR_QUEUE_URL``, ``EBB_WORKER_QUEUE_URL_PREFIX``, ``EBB_MAX_WORKERS``)."""
         env = os.environ if environ is None else environ
@@ -148,17 +172,25 @@ class SnsSqsSignalChannel:
         def need(name: str) -> str:
             value = env.get(name, "").strip()
             if not value:
-                raise ValueError(f"{name} is not set: the SNS/SQS signal channel needs it (see docs/AWS.md, "
-                                 "'Environment variables')")
+                raise ValueError(
+                    f"{name} is not set: the SNS/SQS signal channel needs it (see docs/AWS.md, 'Environment variables')"
+                )
             return value
 
         max_workers = env.get(MAX_WORKERS_ENV, "").strip()
         if max_workers and not max_workers.isdigit():
             raise ValueError(f"{MAX_WORKERS_ENV} must be a whole number, not {max_workers!r}")
-        return cls(job, round_, topic_arn=need(CONTROL_TOPIC_ENV),
-                   supervisor_queue_url=need(SUPERVISOR_QUEUE_ENV),
-                   worker_queue_prefix=need(WORKER_QUEUE_PREFIX_ENV), scratch=scratch, sns=sns, sqs=sqs,
-                   max_workers=int(max_workers) if max_workers else None)
+        return cls(
+            job,
+            round_,
+            topic_arn=need(CONTROL_TOPIC_ENV),
+            supervisor_queue_url=need(SUPERVISOR_QUEUE_ENV),
+            worker_queue_prefix=need(WORKER_QUEUE_PREFIX_ENV),
+            scratch=scratch,
+            sns=sns,
+            sqs=sqs,
+            max_workers=int(max_workers) if max_workers else None,
+        )
 
     def __repr__(self) -> str:
         return f"SnsSqsSignalChannel(job={self.job!r}, round={self.round}, topic={self.topic_arn!r})"
@@ -166,8 +198,9 @@ class SnsSqsSignalChannel:
     # -- workers -> supervisor --------------------------------------------------------
     def report(self, message: StepReport | EndReport) -> None:
         out = self._outgoing(encode(message), message.kind, message.step, _string(str(message.worker)))
-        self.sqs.send_message(QueueUrl=self.supervisor_queue_url, MessageBody=out.body,
-                              MessageAttributes=out.attributes)
+        self.sqs.send_message(
+            QueueUrl=self.supervisor_queue_url, MessageBody=out.body, MessageAttributes=out.attributes
+        )
         self._count(sqs_requests=1, sqs_chunks=_chunks(out.size), messages_sent=1)
 
     def next_reports(self, timeout: float) -> list[StepReport | EndReport]:
@@ -211,8 +244,10 @@ class SnsSqsSignalChannel:
         workers, directive = state.staged
         among = set(workers) & set(r.members)
         if len(among) != len(workers):
-            raise RuntimeError(f"barrier: the directive of step {r.step} names {len(workers)} workers, "
-                               f"{len(among)} of them among the step's trainers")
+            raise RuntimeError(
+                f"barrier: the directive of step {r.step} names {len(workers)} workers, "
+                f"{len(among)} of them among the step's trainers"
+            )
         if not set(workers) <= state.reported:
             return []
         return [self._due(r.step, workers, directive)]
@@ -251,18 +286,27 @@ class SnsSqsSignalChannel:
         for batch in _batches(outgoing):
             size = sum(o.size for o in batch)
             if len(batch) == 1:
-                self.sns.publish(TopicArn=self.topic_arn, Message=batch[0].body,
-                                 MessageAttributes=batch[0].attributes)
+                self.sns.publish(TopicArn=self.topic_arn, Message=batch[0].body, MessageAttributes=batch[0].attributes)
             else:
-                entries = [{"Id": f"m{i}", "Message": o.body, "MessageAttributes": o.attributes}
-                           for i, o in enumerate(batch)]
+                entries = [
+                    {"Id": f"m{i}", "Message": o.body, "MessageAttributes": o.attributes} for i, o in enumerate(batch)
+                ]
                 failed = self.sns.publish_batch(TopicArn=self.topic_arn, PublishBatchRequestEntries=entries)["Failed"]
                 if failed:
-                    raise RuntimeError("SNS refused directives: " + "; ".join(
-                        f"{entries[int(f['Id'][1:])]['MessageAttributes']['step']['StringValue']}: "
-                        f"{f.get('Code')} {f.get('Message', '')}" for f in failed))
-            self._count(sns_requests=1, sns_chunks=_chunks(size), messages_sent=len(batch),
-                        sns_delivered_bytes=sum(o.size * o.targets for o in batch))
+                    raise RuntimeError(
+                        "SNS refused directives: "
+                        + "; ".join(
+                            f"{entries[int(f['Id'][1:])]['MessageAttributes']['step']['StringValue']}: "
+                            f"{f.get('Code')} {f.get('Message', '')}"
+                            for f in failed
+                        )
+                    )
+            self._count(
+                sns_requests=1,
+                sns_chunks=_chunks(size),
+                messages_sent=len(batch),
+                sns_delivered_bytes=sum(o.size * o.targets for o in batch),
+            )
 
     def next_directive(self, worker: int, timeout: float) -> Directive | None:
         """The lowest step's directive ``worker`` has received, long polling its queue up to
@@ -288,13 +332,19 @@ class SnsSqsSignalChannel:
     def _check_workers(self, workers: list[int]) -> None:
         if self.max_workers is not None and workers and (workers[-1] >= self.max_workers or workers[0] < 0):
             bad = [w for w in workers if not 0 <= w < self.max_workers]
-            raise ValueError(f"worker {bad[0]} has no queue: the stack made {self.max_workers} "
-                             "(EBB_MAX_WORKERS); run fewer workers")
+            raise ValueError(
+                f"worker {bad[0]} has no queue: the stack made {self.max_workers} (EBB_MAX_WORKERS); run fewer workers"
+            )
 
     # -- the wire -----------------------------------------------------------------------
     def _outgoing(self, body: str, kind: str, step: int, worker_attr: dict) -> _Outgoing:
-        attributes = {"job": _string(self.job), "round": _string(str(self.round)), "kind": _string(kind),
-                      "step": _string(str(step)), FILTER_ATTRIBUTE: worker_attr}
+        attributes = {
+            "job": _string(self.job),
+            "round": _string(str(self.round)),
+            "kind": _string(kind),
+            "step": _string(str(step)),
+            FILTER_ATTRIBUTE: worker_attr,
+        }
         size = _message_bytes(body, attributes)
         if size > MAX_MESSAGE_BYTES:
             key = f"scratch/{self.job}/r{self.round}/{kind}-{step}-{uuid.uuid4().hex}"
@@ -306,8 +356,9 @@ class SnsSqsSignalChannel:
         return _Outgoing(body, attributes, size)
 
     def _receive(self, url: str, wait: int) -> list[dict]:
-        messages = self.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=MAX_BATCH, WaitTimeSeconds=wait,
-                                            MessageAttributeNames=["All"]).get("Messages", [])
+        messages = self.sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=MAX_BATCH, WaitTimeSeconds=wait, MessageAttributeNames=["All"]
+        ).get("Messages", [])
         size = sum(_message_bytes(m["Body"], m.get("MessageAttributes", {})) for m in messages)
         self._count(sqs_requests=1, sqs_chunks=_chunks(size), messages_received=len(messages))
         return messages
@@ -347,8 +398,9 @@ class SnsSqsSignalChannel:
         try:
             body = self.scratch.get(key)
         except KeyError:
-            raise MessageError(f"the {kind} of step {step} was sent by pointer to {key!r}, which the scratch "
-                               "store does not hold") from None
+            raise MessageError(
+                f"the {kind} of step {step} was sent by pointer to {key!r}, which the scratch store does not hold"
+            ) from None
         self._count(scratch_gets=1)
         if spend:  # a report has one reader; a directive's copy is read by every trainer (expired by lifecycle)
             self.scratch.delete(key)
@@ -358,14 +410,19 @@ class SnsSqsSignalChannel:
         for i in range(0, len(done), MAX_BATCH):
             chunk = done[i : i + MAX_BATCH]
             # A failed delete only means SQS delivers the message again: a duplicate, dropped then.
-            self.sqs.delete_message_batch(QueueUrl=url, Entries=[
-                {"Id": str(j), "ReceiptHandle": m["ReceiptHandle"]} for j, m in enumerate(chunk)])
+            self.sqs.delete_message_batch(
+                QueueUrl=url, Entries=[{"Id": str(j), "ReceiptHandle": m["ReceiptHandle"]} for j, m in enumerate(chunk)]
+            )
             self._count(sqs_requests=1, sqs_chunks=1)
         for i in range(0, len(later), MAX_BATCH):
             chunk = later[i : i + MAX_BATCH]
-            self.sqs.change_message_visibility_batch(QueueUrl=url, Entries=[
-                {"Id": str(j), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": self.later_round_retry_s}
-                for j, m in enumerate(chunk)])
+            self.sqs.change_message_visibility_batch(
+                QueueUrl=url,
+                Entries=[
+                    {"Id": str(j), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": self.later_round_retry_s}
+                    for j, m in enumerate(chunk)
+                ],
+            )
             self._count(sqs_requests=1, sqs_chunks=1)
 
     def _count(self, **deltas: int) -> None:
@@ -384,11 +441,15 @@ def _header(m: dict, attrs: dict, directive: bool) -> tuple[str, int, str, int, 
         step = int(attrs["step"]["StringValue"])
         sender = None if directive else int(attrs[FILTER_ATTRIBUTE]["StringValue"])
     except (KeyError, ValueError, TypeError) as exc:
-        raise MessageError(f"malformed {what} {_clip(m.get('Body', ''))}: its attributes lack job, round, kind, "
-                           f"step or worker ({type(exc).__name__}: {exc})") from None
+        raise MessageError(
+            f"malformed {what} {_clip(m.get('Body', ''))}: its attributes lack job, round, kind, "
+            f"step or worker ({type(exc).__name__}: {exc})"
+        ) from None
     if (kind == "directive") != directive:
-        raise MessageError(f"malformed {what} {_clip(m.get('Body', ''))}: a {kind!r} on the "
-                           f"{'worker' if directive else 'supervisor'} queue")
+        raise MessageError(
+            f"malformed {what} {_clip(m.get('Body', ''))}: a {kind!r} on the "
+            f"{'worker' if directive else 'supervisor'} queue"
+        )
     return job, round_, kind, step, sender
 
 

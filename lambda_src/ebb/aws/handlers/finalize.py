@@ -6,12 +6,12 @@ import time
 
 from aws_lambda_powertools import Logger
 
-from ebb.ports import deployment as names
 from ebb.aws.config import aws_config
 from ebb.aws.contract import FinalizeResult, JobRef
 from ebb.aws.jobs import Job
 from ebb.aws.notify import publish_job_event
 from ebb.engine.finalize import finalize
+from ebb.ports import deployment as names
 from ebb.ports.keys import MODEL_KEY, REPORT_KEY
 
 logger = Logger(service="ebb-finalize")
@@ -25,12 +25,29 @@ def handler(event: dict, context) -> dict:
     job = Job.load(config, ref.job_id, ref.spec_key)
     report, _ = finalize(job.spec, data=job.data, checkpoints=job.checkpoints, out=job.out)
     out = job.spec.out_location.rstrip("/")
-    job.write_progress({"state": "finished", "status": report["status"], "step": report["steps"] - 1,
-                        "round": report["rounds"] - 1, "cost_usd": report["cost"]["total_usd"],
-                        "updated_at": time.time()})
-    publish_job_event(config, names.JOB_FINISHED, ref.job_id, {
-        "status": report["status"], "steps": report["steps"], "test_metrics": report["test_metrics"],
-        "cost_usd": report["cost"]["total_usd"], "report": f"{out}/{REPORT_KEY}"})
+    job.write_progress(
+        {
+            "state": "finished",
+            "status": report["status"],
+            "step": report["steps"] - 1,
+            "round": report["rounds"] - 1,
+            "cost_usd": report["cost"]["total_usd"],
+            "updated_at": time.time(),
+        }
+    )
+    publish_job_event(
+        config,
+        names.JOB_FINISHED,
+        ref.job_id,
+        {
+            "status": report["status"],
+            "steps": report["steps"],
+            "test_metrics": report["test_metrics"],
+            "cost_usd": report["cost"]["total_usd"],
+            "report": f"{out}/{REPORT_KEY}",
+        },
+    )
     logger.info("job finished", extra={"status": report["status"], "step": report["steps"] - 1})
-    return FinalizeResult(status=report["status"], report_key=f"{out}/{REPORT_KEY}",
-                          model_key=f"{out}/{MODEL_KEY}").model_dump()
+    return FinalizeResult(
+        status=report["status"], report_key=f"{out}/{REPORT_KEY}", model_key=f"{out}/{MODEL_KEY}"
+    ).model_dump()

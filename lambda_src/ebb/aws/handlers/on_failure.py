@@ -14,12 +14,12 @@ import time
 
 from aws_lambda_powertools import Logger
 
-from ebb.ports import deployment as names
 from ebb.aws.config import aws_config
 from ebb.aws.contract import FailureEvent, FailureResult
 from ebb.aws.jobs import Job
 from ebb.aws.notify import publish_job_event
 from ebb.engine import checkpoint
+from ebb.ports import deployment as names
 from ebb.ports.keys import PROGRESS_KEY, REPORT_KEY
 
 logger = Logger(service="ebb-on-failure")
@@ -64,8 +64,15 @@ def _progress_so_far(job: Job) -> dict:
     done = checkpoint.latest(job.checkpoints)
     if done is not None:
         state = checkpoint.read_supervisor(job.checkpoints, done["round"])
-        out.update({"steps": state.clock + 1, "rounds": done["round"] + 1, "history": state.history,
-                    "scale_events": state.scale_events, "wall_seconds": state.elapsed})
+        out.update(
+            {
+                "steps": state.clock + 1,
+                "rounds": done["round"] + 1,
+                "history": state.history,
+                "scale_events": state.scale_events,
+                "wall_seconds": state.elapsed,
+            }
+        )
     try:
         out["last_progress"] = json.loads(job.out.get(PROGRESS_KEY))
     except KeyError:

@@ -20,6 +20,10 @@ def handler(event: dict, context) -> dict:
     job = Job.load(aws_config(), ref.job_id, ref.spec_key)
     manifest = prepare_from_spec(job.spec.prepare, job.data)
     logger.info("dataset prepared", extra={"train_parts": len(manifest.train.parts), "data": job.spec.data})
-    return PrepareResult(manifest_key=f"{job.spec.data}/{MANIFEST_KEY}", train_parts=len(manifest.train.parts),
-                         train_rows=manifest.train.rows, test_rows=manifest.test.rows,
-                         val_rows=manifest.val.rows).model_dump()
+    return PrepareResult(
+        manifest_key=f"{job.spec.data}/{MANIFEST_KEY}",
+        train_parts=len(manifest.train.parts),
+        train_rows=manifest.train.rows,
+        test_rows=manifest.test.rows,
+        val_rows=manifest.val.rows,
+    ).model_dump()

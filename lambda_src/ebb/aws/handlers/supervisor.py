@@ -32,16 +32,27 @@ def handler(event: dict, context) -> dict:
     job = Job.load(aws_config(), req.job_id, req.spec_key)
     round_seconds = context.get_remaining_time_in_millis() / 1000 - ROUND_MARGIN_S
     if round_seconds < ROUND_MARGIN_S / 3:
-        raise RuntimeError(f"the supervisor function's timeout leaves {round_seconds:.0f} s for a round after its "
-                           f"{ROUND_MARGIN_S:g} s margin: give it a longer timeout (CDK context)")
+        raise RuntimeError(
+            f"the supervisor function's timeout leaves {round_seconds:.0f} s for a round after its "
+            f"{ROUND_MARGIN_S:g} s margin: give it a longer timeout (CDK context)"
+        )
     updates = job.update_store()
     if req.round == 0:  # a broken dataset fails the job before anyone trains; the workers hear us meanwhile
         with heartbeat_while(lambda: updates.heartbeat(SUPERVISOR_SLOT, wall())):
             preflight(job.spec, job.data)
     sink = CloudWatchSink(job)
-    supervisor = Supervisor(job.spec, data=job.data, checkpoints=job.checkpoints, updates=updates,
-                            signals=job.channel(req.round), launcher=MapLauncher(), round_=req.round, sink=sink,
-                            round_seconds=round_seconds, interrupted=job.abort_check())
+    supervisor = Supervisor(
+        job.spec,
+        data=job.data,
+        checkpoints=job.checkpoints,
+        updates=updates,
+        signals=job.channel(req.round),
+        launcher=MapLauncher(),
+        round_=req.round,
+        sink=sink,
+        round_seconds=round_seconds,
+        interrupted=job.abort_check(),
+    )
     result = supervisor.run_round()
     sink.flush()
     logger.info("round over", extra={"step": result["steps"] - 1, "status": result["status"]})

@@ -36,13 +36,17 @@ def handler(event: dict, context) -> dict:
         raise JobSpecError(str(exc)) from None
     data = open_object_store(spec.data)
     manifest = load_manifest(data, spec.data) if data.exists(MANIFEST_KEY) else None
-    deployment.check_history(spec, train_parts=manifest and len(manifest.train.parts),
-                             has_val=bool(manifest and manifest.val.parts))
+    deployment.check_history(
+        spec, train_parts=manifest and len(manifest.train.parts), has_val=bool(manifest and manifest.val.parts)
+    )
     deployment.check_concurrency(spec.workers, account_settings(), os.environ.get("AWS_REGION", "this region"))
     key = spec_key(req.execution)
     Job.bucket_store(config).put(key, spec.model_dump_json(indent=2).encode())
     prepare = spec.prepare is not None and manifest is None
-    logger.info("job validated", extra={"spec_key": key, "workers": spec.workers, "prepare": prepare,
-                                        "aws": spec.aws.model_dump()})
-    return ValidateResult(job_id=req.execution, spec_key=key, prepare=prepare,
-                          workers=list(range(spec.workers))).model_dump()
+    logger.info(
+        "job validated",
+        extra={"spec_key": key, "workers": spec.workers, "prepare": prepare, "aws": spec.aws.model_dump()},
+    )
+    return ValidateResult(
+        job_id=req.execution, spec_key=key, prepare=prepare, workers=list(range(spec.workers))
+    ).model_dump()

@@ -21,10 +21,20 @@ def handler(event: dict, context) -> dict:
     req = WorkerEvent.model_validate(event)
     logger.append_keys(job_id=req.job_id, round=req.round, worker=req.worker)
     job = Job.load(aws_config(), req.job_id, req.spec_key)
-    start = WorkerStart(worker=req.worker, members=list(range(job.spec.workers)), round=req.round,
-                        resume=worker_key(req.round - 1, req.worker) if req.round > 0 else None)
-    worker = Worker(job.spec, start, data=job.data, checkpoints=job.checkpoints, updates=job.update_store(),
-                    signals=job.channel(req.round))
+    start = WorkerStart(
+        worker=req.worker,
+        members=list(range(job.spec.workers)),
+        round=req.round,
+        resume=worker_key(req.round - 1, req.worker) if req.round > 0 else None,
+    )
+    worker = Worker(
+        job.spec,
+        start,
+        data=job.data,
+        checkpoints=job.checkpoints,
+        updates=job.update_store(),
+        signals=job.channel(req.round),
+    )
     outcome = worker.run()
     logger.info("round over", extra={"step": worker.applied_upto, "outcome": outcome})
     return WorkerResult(worker=req.worker, outcome=outcome).model_dump()

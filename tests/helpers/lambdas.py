@@ -1,0 +1,95 @@
+"""Invoke Lambda handlers as the Lambda service would: each in its own process, with a
+context, its event as JSON in and its result as JSON out; and drive a job through them
+the way the state machine does (docs/AWS.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+INVOKE = str(Path(__file__).with_name("lambda_invoke.py"))
+HANDLERS = "ebb.aws.handlers."
+
+
+class LambdaError(RuntimeError):
+    """A handler raised: ``error_type`` and ``message`` as Lambda reports them."""
+
+    def __init__(self, payload: dict, output: str):
+        super().__init__(f"{payload['errorType']}: {payload['errorMessage']}")
+        self.error_type, self.message, self.payload, self.output = (
+            payload["errorType"],
+            payload["errorMessage"],
+            payload,
+            output,
+        )
+
+
+class Invocation:
+    """A handler running in its own process; ``result()`` waits for its JSON result."""
+
+    def __init__(self, name: str, event: dict, env: dict[str, str], timeout_s: float = 150.0):
+        self.name, self.event = name, event
+        self.proc = subprocess.Popen(
+            [sys.executable, INVOKE, HANDLERS + name, str(timeout_s)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.proc.stdin.write(json.dumps(event))
+        self.proc.stdin.close()
+        self.timeout_s = timeout_s
+        self.output = ""
+
+    def result(self) -> dict:
+        self.output = self.proc.stdout.read()
+        self.proc.wait(timeout=self.timeout_s + 30)
+        last = self.output.rstrip().rsplit("\n", 1)[-1]
+        if last.startswith("LAMBDA-RESULT "):
+            return json.loads(last[len("LAMBDA-RESULT ") :])
+        if last.startswith("LAMBDA-ERROR "):
+            raise LambdaError(json.loads(last[len("LAMBDA-ERROR ") :]), self.output)
+        raise RuntimeError(f"{self.name} died (exit {self.proc.returncode}):\n{self.output[-3000:]}")
+
+
+def invoke(name: str, event: dict, env: dict[str, str], timeout_s: float = 150.0) -> dict:
+    return Invocation(name, event, env, timeout_s).result()
+
+
+def _parallel(calls: list[Invocation]) -> dict:
+    """Wait for every branch; the first that fails fails them all (as a Parallel state does:
+    the other branches are stopped). Returns the first call's result."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(c.result) for c in calls]
+        try:
+            for f in as_completed(futures):
+                f.result()
+        except BaseException:
+            for c in calls:
+                if c.proc.poll() is None:
+                    c.proc.kill()
+            raise
+    return futures[0].result()
+
+
+def run_job(spec: dict, execution: str, env: dict[str, str], timeout_s: float = 150.0) -> tuple[dict, list[dict]]:
+    """Validate → Prepare? → rounds of Parallel(supervisor ‖ workers) → Finalize, each handler
+    in its own process; returns (finalize's result, the rounds' supervisor results)."""
+    state = invoke("validate", {"spec": spec, "execution": execution}, env, timeout_s)
+    ref = {"job_id": state["job_id"], "spec_key": state["spec_key"]}
+    if state["prepare"]:
+        invoke("prepare", ref, env, timeout_s)
+    rounds, round_, workers = [], state["round"], state["workers"]
+    while True:
+        calls = [Invocation("supervisor", {**ref, "round": round_}, env, timeout_s)]
+        calls += [Invocation("worker", {**ref, "round": round_, "worker": w}, env, timeout_s) for w in workers]
+        outcome = _parallel(calls)
+        rounds.append({**outcome, "invocations": calls})
+        if outcome["status"] == "finished":
+            break
+        round_, workers = outcome["round"], outcome["workers"]
+    return invoke("finalize", ref, env, timeout_s), rounds

@@ -1,0 +1,329 @@
+"""Models: hand-written gradients against autograd, lazy optimisers against torch.optim,
+and single-worker training against a plain torch loop (MLLess's sanity check)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ebb.data.format import decode_batch
+from ebb.engine.striping import PartSequence
+from ebb.local.runner import run_local
+from ebb.models import build_model
+from ebb.models.logistic import DenseLR, SparseLR
+from ebb.models.metrics import auc
+from ebb.models.optim import SparseAdam, SparseSGD
+from ebb.models.pmf import PMF
+from ebb.ports.manifest import load_manifest
+from ebb.spec import load_spec
+from ebb.stores.local import FolderObjectStore
+
+
+def _ratings(n=400, users=30, items=20, seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "user": rng.integers(0, users, n).astype(np.int32),
+        "item": rng.integers(0, items, n).astype(np.int32),
+        "rating": rng.uniform(1, 5, n).astype(np.float32),
+    }
+
+
+def test_pmf_gradients_match_autograd_with_per_row_normalisation():
+    model = PMF(30, 20, rank=4, lr=0.1, momentum=0.0, l2=0.05, init_std=0.3, global_mean=3.0, seed=1)
+    arrays = _ratings()
+    batch = model.to_batch(arrays)
+    _, _, grads = model.gradients(batch)
+
+    u = torch.from_numpy(arrays["user"]).long()
+    i = torch.from_numpy(arrays["item"]).long()
+    r = torch.from_numpy(arrays["rating"])
+    p = {k: v.clone().requires_grad_(True) for k, v in model.params.items()}
+    count_u = torch.bincount(u, minlength=30).float()
+    count_i = torch.bincount(i, minlength=20).float()
+    U, V = p["user"], p["item"]  # [rows, rank + 1]: the factors, then the bias
+    assert U.shape == (30, 5) and V.shape == (20, 5) and not model.params["user"][:, 4].any()
+    err = 3.0 + U[u, 4] + V[i, 4] + (U[u, :4] * V[i, :4]).sum(1) - r
+    # Each row's gradient is the mean over its ratings in the batch: one weighted loss per side.
+    g = {}
+    for name, counts, idx in (("user", count_u, u), ("item", count_i, i)):
+        side = (0.5 * err**2 / counts[idx]).sum()
+        (grad,) = torch.autograd.grad(side, p[name], retain_graph=True)
+        g[name] = grad
+    for name, (rows, grad, *_) in grads.items():
+        expected = g[name][rows] + 0.05 * model.params[name][rows]
+        torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-6)
+        untouched = torch.ones(model.params[name].shape[0], dtype=torch.bool)
+        untouched[rows] = False
+        assert torch.all(g[name][untouched] == 0)
+
+
+@pytest.mark.parametrize("cls", [SparseLR, DenseLR])
+def test_logistic_gradients_match_autograd(cls):
+    rng = np.random.default_rng(0)
+    d, n = 50, 64
+    x = (rng.random((n, d)) < 0.1) * rng.normal(size=(n, d))
+    y = (rng.random(n) < 0.4).astype(np.float32)
+    if cls is SparseLR:
+        rows, cols = np.nonzero(x)
+        indptr = np.searchsorted(rows, np.arange(n + 1)).astype(np.int64)
+        arrays = {
+            "label": y,
+            "indptr": indptr,
+            "indices": cols.astype(np.int32),
+            "values": x[rows, cols].astype(np.float32),
+        }
+    else:
+        arrays = {"label": y, "x": x.astype(np.float32)}
+    model = cls(d, lr=0.1, l2=0.01, seed=0)
+    model.params["weight"].normal_(0, 0.5)
+    batch = model.to_batch(arrays)
+    loss_sum, count, grads = model.gradients(batch)
+
+    w = model.params["weight"].clone().requires_grad_(True)
+    b = model.params["bias"].clone().requires_grad_(True)
+    logits = torch.from_numpy(x.astype(np.float32)) @ w[:, 0] + b[0, 0]
+    bce = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(y))
+    gw, gb = torch.autograd.grad(bce, [w, b])
+    rows, gwr = grads["weight"]
+    torch.testing.assert_close(gwr, gw[rows] + 0.01 * model.params["weight"][rows], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grads["bias"][1], gb, rtol=1e-5, atol=1e-6)
+    assert loss_sum / count == pytest.approx(float(bce.detach()), rel=1e-5)
+    if cls is SparseLR:
+        assert set(rows.tolist()) == set(np.nonzero(x.any(axis=0))[0].tolist())
+
+
+def test_sparse_sgd_nesterov_matches_torch_sgd_when_all_rows_touched():
+    torch.manual_seed(0)
+    x0 = torch.randn(6, 3)
+    ours = {"p": x0.clone()}
+    opt = SparseSGD(ours, lr=0.05, momentum=0.9, nesterov=True)
+    ref = x0.clone().requires_grad_(True)
+    torch_opt = torch.optim.SGD([ref], lr=0.05, momentum=0.9, nesterov=True)
+    rows = torch.arange(6)
+    for _ in range(20):
+        grad = torch.randn(6, 3)
+        opt.begin_step()
+        ours["p"].index_add_(0, rows, opt.delta("p", rows, grad))
+        ref.grad = grad.clone()
+        torch_opt.step()
+    torch.testing.assert_close(ours["p"], ref.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_sparse_adam_matches_torch_sparse_adam_on_touched_rows():
+    torch.manual_seed(0)
+    x0 = torch.randn(10, 2)
+    ours = {"p": x0.clone()}
+    opt = SparseAdam(ours, lr=0.01)
+    emb = torch.nn.Embedding(10, 2, sparse=True)
+    emb.weight.data.copy_(x0)
+    torch_opt = torch.optim.SparseAdam(emb.parameters(), lr=0.01)
+    for _ in range(25):
+        rows = torch.unique(torch.randint(0, 10, (4,)))
+        grad = torch.randn(rows.numel(), 2)
+        opt.begin_step()
+        ours["p"].index_add_(0, rows, opt.delta("p", rows, grad))
+        emb.weight.grad = torch.sparse_coo_tensor(rows.unsqueeze(0), grad, (10, 2), check_invariants=True)
+        torch_opt.step()
+    torch.testing.assert_close(ours["p"], emb.weight.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_lazy_adam_with_row_steps_matches_torch_sparse_adam_with_a_parameter_per_row():
+    """Per-row bias correction is torch.optim.SparseAdam with every row its own parameter:
+    torch counts a parameter's steps only when it has a gradient."""
+    torch.manual_seed(0)
+    x0 = torch.randn(12, 3)
+    ours = {"p": x0.clone()}
+    opt = SparseAdam(ours, lr=0.05, row_steps=True)
+    rows_as_params = [torch.nn.Parameter(x0[r : r + 1].clone()) for r in range(12)]
+    torch_opt = torch.optim.SparseAdam(rows_as_params, lr=0.05)
+    touched = torch.zeros(12)
+    for _ in range(40):
+        # Rows at very different rates: row r is touched with probability about 1/(r+1).
+        rows = torch.nonzero(torch.rand(12) < 1 / torch.arange(1, 13)).flatten()
+        if rows.numel() == 0:
+            continue
+        grad = torch.randn(rows.numel(), 3)
+        opt.begin_step()
+        ours["p"].index_add_(0, rows, opt.delta("p", rows, grad))
+        for p in rows_as_params:
+            p.grad = None
+        for j, r in enumerate(rows.tolist()):
+            rows_as_params[r].grad = torch.sparse_coo_tensor(
+                torch.zeros(1, 1, dtype=torch.long), grad[j : j + 1], (1, 3), check_invariants=True
+            )
+        torch_opt.step()
+        touched[rows] += 1
+    assert touched.min() >= 1 and touched.max() >= 5 * touched.min()  # the rates really differ
+    torch.testing.assert_close(ours["p"], torch.cat([p.detach() for p in rows_as_params]), rtol=1e-5, atol=1e-6)
+    assert torch.equal(opt.row_steps["p"].flatten(), touched.double())
+
+
+def test_pmf_with_adam_keeps_lazy_state_and_refuses_a_momentum_checkpoint():
+    adam = PMF(30, 20, rank=4, lr=0.03, momentum=0.0, l2=0.05, init_std=0.1, global_mean=3.0, seed=1, optimizer="adam")
+    batch = adam.to_batch(_ratings(n=50))
+    _, _, update = adam.local_update(batch)
+    untouched = torch.ones(30, dtype=torch.bool)
+    untouched[batch.users] = False
+    state = adam.state_arrays()
+    assert set(k for k in state if k.startswith("opt.")) == {
+        "opt.m.user",
+        "opt.m.item",
+        "opt.v.user",
+        "opt.v.item",
+        "opt.rowsteps.user",
+        "opt.rowsteps.item",
+        "opt.steps",
+    }
+    assert (state["opt.rowsteps.user"][untouched.numpy()] == 0).all()
+    assert (state["opt.rowsteps.user"][batch.users.numpy()] == 1).all()
+    assert (state["opt.m.user"][untouched.numpy()] == 0).all()
+    # First step of lazy Adam: every touched entry with a gradient moves by lr (up to eps).
+    rows, delta = update.rows["user"]
+    np.testing.assert_allclose(delta.abs().numpy(), 0.03, rtol=1e-4)
+    sgd = PMF(30, 20, rank=4, lr=0.03, momentum=0.8, l2=0.05, init_std=0.1, global_mean=3.0, seed=1)
+    with pytest.raises(ValueError, match="optimiser state has no m.item, m.user, .*another hyper.optimizer"):
+        adam.load_state_arrays(sgd.state_arrays())
+    with pytest.raises(ValueError, match="hyper.optimizer 'rmsprop'"):
+        PMF(3, 2, rank=2, lr=0.1, momentum=0.0, l2=0.0, init_std=0.1, global_mean=0.0, seed=0, optimizer="rmsprop")
+
+
+def test_auc_matches_pairwise_definition():
+    rng = np.random.default_rng(0)
+    score = rng.integers(0, 5, 200).astype(float)  # many ties
+    label = (rng.random(200) < 0.3).astype(float)
+    pos, neg = score[label == 1], score[label == 0]
+    pairwise = ((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])).mean()
+    assert auc(score, label) == pytest.approx(pairwise)
+
+
+def _plain_torch_pmf_losses(data_dir: str, hp, seed: int, steps: int) -> list[float]:
+    """PMF written as a user would in plain torch: autograd + lazy Nesterov, same minibatches."""
+    store = FolderObjectStore(data_dir)
+    manifest = load_manifest(store)
+    gen = torch.Generator().manual_seed(seed)
+    U = torch.randn(manifest.num_users, hp.rank, generator=gen) * hp.init_std
+    V = torch.randn(manifest.num_items, hp.rank, generator=gen) * hp.init_std
+    bu, bi = torch.zeros(manifest.num_users), torch.zeros(manifest.num_items)
+    params = [U, V, bu, bi]
+    bufs = [torch.zeros_like(p) for p in params]
+    mu = manifest.stats["rating_mean"]
+    order = PartSequence(len(manifest.train.parts), seed)
+    losses = []
+    for t in range(steps):
+        lr = hp.lr * hp.lr_decay ** (t // order.num_parts)
+        arrays = decode_batch(store.get(manifest.train.parts[order.part_at(t)].key))
+        u, i = torch.from_numpy(arrays["user"]).long(), torch.from_numpy(arrays["item"]).long()
+        r = torch.from_numpy(arrays["rating"])
+        leaves = [p.clone().requires_grad_(True) for p in params]
+        err = mu + leaves[2][u] + leaves[3][i] + (leaves[0][u] * leaves[1][i]).sum(1) - r
+        losses.append(float(err.detach().square().mean().sqrt()))
+        cu, ci = torch.bincount(u)[u].float(), torch.bincount(i)[i].float()
+        gu = torch.autograd.grad((0.5 * err**2 / cu).sum(), [leaves[0], leaves[2]], retain_graph=True)
+        gi = torch.autograd.grad((0.5 * err**2 / ci).sum(), [leaves[1], leaves[3]])
+        for p, buf, g, idx in zip(params, bufs, (gu[0], gi[0], gu[1], gi[1]), (u, i, u, i)):
+            rows = torch.unique(idx)
+            g_rows = g[rows] + hp.l2 * p[rows]
+            buf[rows] = hp.momentum * buf[rows] + g_rows
+            p[rows] -= lr * (g_rows + hp.momentum * buf[rows])
+    return losses
+
+
+def test_single_worker_reproduces_plain_torch_loop_pmf(small_ratings, tmp_path):
+    data_dir, _ = small_ratings
+    spec = load_spec(
+        overrides={
+            "model": "pmf",
+            "data": data_dir,
+            "workers": 1,
+            "stop.max_epochs": 3,
+            "hyper.rank": 6,
+            "seed": 11,
+            "out": str(tmp_path),
+            "scaling.policy": "none",
+        }
+    )
+    report, _ = run_local(spec)
+    engine_losses = [h["loss"] for h in report["history"]]
+    plain = _plain_torch_pmf_losses(data_dir, spec.hyper, spec.seed, len(engine_losses))
+    assert len(engine_losses) == report["steps"] > 40
+    np.testing.assert_allclose(engine_losses, plain, rtol=2e-5)
+    assert engine_losses[-1] < 0.8 * engine_losses[0]
+
+
+def test_single_worker_engine_equals_direct_model_loop_bit_for_bit(small_logistic, tmp_path):
+    data_dir, _ = small_logistic
+    spec = load_spec(
+        overrides={
+            "model": "sparse_lr",
+            "data": data_dir,
+            "stop.max_epochs": 2,
+            "seed": 5,
+            "out": str(tmp_path),
+            "scaling.policy": "none",
+        }
+    )
+    report, replica = run_local(spec)
+    store = FolderObjectStore(data_dir)
+    manifest = load_manifest(store)
+    model = build_model("sparse_lr", manifest, spec.hyper, spec.seed)
+    order = PartSequence(len(manifest.train.parts), spec.seed)
+    losses = []
+    for t in range(report["steps"]):
+        batch = model.to_batch(decode_batch(store.get(manifest.train.parts[order.part_at(t)].key)))
+        loss_sum, n, update = model.local_update(batch)
+        model.apply(update)
+        losses.append(loss_sum / n)
+    assert [h["loss"] for h in report["history"]] == losses
+    for name, p in model.params.items():
+        assert np.array_equal(replica[name], p.numpy())
+
+
+def test_pmf_scores_predictions_clipped_to_the_rating_range_and_trains_on_the_raw_ones():
+    def model(rating_range):
+        m = PMF(
+            30,
+            20,
+            rank=4,
+            lr=0.1,
+            momentum=0.0,
+            l2=0.05,
+            init_std=0.3,
+            global_mean=3.0,
+            seed=1,
+            rating_range=rating_range,
+        )
+        m.params["user"][:5, 4] = 4.0  # five users' predictions far above the scale
+        m.params["item"][:3, 4] = -4.0  # three items' far below it
+        return m
+
+    arrays = _ratings()
+    clipped, raw = model((1.0, 5.0)), model(None)
+    batch = clipped.to_batch(arrays)
+    pred, target = clipped.predict(batch)
+    raw_pred, _ = raw.predict(batch)
+    assert raw_pred.max() > 5.5 and raw_pred.min() < 0.5  # the raw model overshoots both ends
+    np.testing.assert_array_equal(pred, np.clip(raw_pred, 1.0, 5.0))
+    # Clipping can only bring a prediction closer to a rating inside the scale.
+    assert clipped.metrics(pred, target)["rmse"] < raw.metrics(raw_pred, target)["rmse"]
+    # Training is untouched: the loss and gradients are those of the unclipped prediction.
+    loss, _, grads = clipped.gradients(batch)
+    raw_loss, _, raw_grads = raw.gradients(batch)
+    assert loss == raw_loss == pytest.approx(float(((raw_pred - target) ** 2).sum()), rel=1e-5)
+    for name in grads:
+        torch.testing.assert_close(grads[name], raw_grads[name], rtol=0, atol=0)
+
+
+def test_build_model_takes_the_rating_range_from_the_training_split(small_ratings):
+    from ebb.models import rating_range
+
+    data_dir, _ = small_ratings
+    manifest = load_manifest(FolderObjectStore(data_dir))
+    hp = load_spec(overrides={"model": "pmf", "data": data_dir}).hyper
+    model = build_model("pmf", manifest, hp, seed=0)
+    assert model.rating_range == (manifest.stats["rating_min"], manifest.stats["rating_max"])
+    assert rating_range(manifest) == model.rating_range
+    # A manifest that does not record the range: nothing to clip to.
+    del manifest.stats["rating_min"]
+    assert build_model("pmf", manifest, hp, seed=0).rating_range is None

@@ -1,0 +1,83 @@
+"""The stop rules, the supervisor's typed state and what a user sees of them."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from ebb.engine.state import Best, StopState, SupervisorState
+from ebb.engine.stopping import improved, stop_reason, take_val, watch
+from ebb.local.progress import WIDTH, progress_line
+from ebb.spec import load_spec
+
+
+def test_better_is_one_rule_lower_by_min_delta():
+    assert improved(0.9, None, 1e-4)
+    assert improved(0.98, 1.0, 0.01) and not improved(0.995, 1.0, 0.01)
+    assert not improved(math.nan, math.inf, 0.0)  # a diverged scoring is never the best
+
+
+def test_early_stopping_counts_scorings_without_a_better_one():
+    spec = load_spec(overrides={"data": "d", "stop.patience_evals": 2})
+    stop = StopState()
+    for step, value in enumerate([0.9, 0.8, 0.80001, 0.81]):
+        take_val(stop, spec, value, step, epoch=float(step))
+    assert stop.best == Best(value=0.8, step=1, epoch=1.0, since=2)
+    assert (
+        stop_reason(stop, spec, loss=0.5, epoch_next=1.0, epoch_limit=100.0, elapsed=1.0, cost_usd=0.0, step=4)
+        == "early_stopped"
+    )
+
+
+def test_the_bar_watches_early_stopping_and_a_backstop_once_it_is_further_along():
+    spec = load_spec(overrides={"data": "d", "stop.max_epochs": 10})
+    stop = StopState(best=Best(value=0.8, step=3, since=1))
+    early = watch(stop, spec, scoring_val=True, epoch=2.0, epoch_limit=10, elapsed=1.0, cost_usd=0.0)
+    assert (early.rule, early.done, early.total) == ("early_stopping", 1, 5)
+    late = watch(stop, spec, scoring_val=True, epoch=9.0, epoch_limit=10, elapsed=1.0, cost_usd=0.0)
+    assert (late.rule, late.done, late.total) == ("max_epochs", 9.0, 10)
+    plain = watch(
+        StopState(),
+        load_spec(overrides={"data": "d"}),
+        scoring_val=False,
+        epoch=3.0,
+        epoch_limit=30,
+        elapsed=1.0,
+        cost_usd=0.0,
+    )
+    assert plain.rule == "max_epochs"
+
+
+def test_the_supervisors_state_round_trips_as_json_nan_included():
+    state = SupervisorState.initial(load_spec(overrides={"data": "d", "workers": 3}))
+    state.history.append({"step": 0, "loss": math.nan})
+    state.recent_loss[2] = 0.5
+    state.stop.best = Best(value=0.7, step=0)
+    raw = json.loads(state.model_dump_json())
+    restored = SupervisorState.initial(load_spec(overrides={"data": "d"}))
+    restored.load_state_dict(raw)
+    assert restored.members == [0, 1, 2] and restored.recent_loss == {2: 0.5} and restored.stop.best.value == 0.7
+    assert math.isnan(restored.history[0]["loss"]) and restored.held.step == 0
+
+
+def test_the_progress_line_fits_80_columns_and_keeps_what_matters():
+    record = {
+        "step": 123456,
+        "epoch": 1234.5,
+        "loss": 0.81234,
+        "active": 256,
+        "cost_usd": 1234.5678,
+        "time": 360_000.0,
+        "best_val": 0.829,
+        "watch": {"rule": "early_stopping", "done": 10, "total": 10},
+    }
+    line = progress_line(record, loss_name="logloss", clock="fleet", val=0.8312)
+    assert len(line) <= WIDTH
+    assert "val 0.8312" in line and "best 0.8290" in line and "patience 10/10" in line and "fleet 100:00:00" in line
+    short = progress_line(
+        {**record, "step": 3, "epoch": 0.3, "active": 4, "cost_usd": 0.01, "time": 83.0},
+        loss_name="rmse",
+        clock="host",
+        val=0.8312,
+    )
+    assert short.startswith("ep 0.3 val 0.8312 best 0.8290") and short.endswith("4w $0.0100 host 1:23")
