@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,24 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 def pytest_collection_modifyitems(items):
     for item in items:
         item.add_marker(getattr(pytest.mark, Path(str(item.fspath)).parent.name))
+
+
+@pytest.fixture(scope="session")
+def native_library(tmp_path_factory):
+    """The compiled kernels (ebb.native), built once per session into a temporary folder
+    with the machine's C compiler, whatever the checkout holds; loaded even under EBB_NATIVE=0."""
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler")
+    from ebb import native
+    from ebb.native.build import build
+
+    path = build(tmp_path_factory.mktemp("native") / "_kernels.so")
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("EBB_NATIVE", raising=False)
+        lib = native._load(path)
+    assert lib is not None
+    lib.ebb_set_simd.restype = ctypes.c_int
+    return lib
 
 
 @pytest.fixture(scope="session")
