@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lambda_src"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.helpers: the moto_server stand-in
 
 import torch  # noqa: E402
 from _common import print_table, result_path, write_json  # noqa: E402
@@ -126,7 +126,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         rows.append({"store": "folder (local disk)", **time_store(open_object_store(tmp), model, isp, args.repeat)})
     if not args.no_moto:
-        from aws_helpers import MotoServer, aws_env, server_client
+        from tests.helpers.aws import MotoServer, aws_env, server_client
 
         with MotoServer() as server:
             import os
