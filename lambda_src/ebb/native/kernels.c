@@ -335,6 +335,23 @@ static int64_t popcount_bits(const uint8_t *bits, int64_t n_bits) {
     return total;
 }
 
+/* The positions of the set bits of a bitmap of n_bits (LSB first) in order, or of
+ * them the entries of `of`, into out: a word at a time, set bits only. */
+static void set_bits(const uint8_t *bits, int64_t n_bits, const int64_t *of, int64_t *out) {
+    int64_t q = 0;
+    for (int64_t base = 0; base < n_bits; base += 64) {
+        uint64_t word = 0;
+        const int64_t nbytes = n_bits - base >= 64 ? 8 : (n_bits - base + 7) / 8;
+        memcpy(&word, bits + base / 8, (size_t)nbytes); /* little-endian hosts (x86-64, aarch64) */
+        if (n_bits - base < 64) word &= (UINT64_C(1) << (n_bits - base)) - 1;
+        while (word) {
+            const int64_t r = base + __builtin_ctzll(word);
+            word &= word - 1;
+            out[q++] = of ? of[r] : r;
+        }
+    }
+}
+
 #define NEED(n)                                                  \
     do {                                                         \
         if ((int64_t)(n) < 0 || off + (int64_t)(n) > len) return APPLY_CORRUPT; \
@@ -388,9 +405,7 @@ static int parse_payload(const uint8_t *buf, int64_t len, int64_t n_params, cons
                 if (popcount_bits(buf + off, ref->k) != k) return APPLY_CORRUPT;
                 e->owned = malloc((size_t)(k ? k : 1) * sizeof(int64_t));
                 if (!e->owned) return APPLY_NO_MEMORY;
-                int64_t q = 0;
-                for (int64_t r = 0; r < ref->k; r++)
-                    if (buf[off + r / 8] >> (r % 8) & 1) e->owned[q++] = ref->idx[r];
+                set_bits(buf + off, ref->k, ref->idx, e->owned);
                 e->idx = e->owned;
                 off += nbytes;
             }
@@ -411,9 +426,7 @@ static int parse_payload(const uint8_t *buf, int64_t len, int64_t n_params, cons
                 off += 4;
                 NEED((n_bits + 7) / 8);
                 if (popcount_bits(buf + off, n_bits) != k) return APPLY_CORRUPT;
-                int64_t q = 0;
-                for (int64_t r = 0; r < n_bits; r++)
-                    if (buf[off + r / 8] >> (r % 8) & 1) e->owned[q++] = r;
+                set_bits(buf + off, n_bits, NULL, e->owned);
                 off += (n_bits + 7) / 8;
             } else {
                 NEED(4 * k);
@@ -464,14 +477,22 @@ static void free_payload(wire_payload *w) {
     w->n = 0;
 }
 
-/* The carried value number q of a values entry whose row r it belongs to. */
-static inline float wire_value(const wire_entry *e, int64_t q, int64_t r) {
-    if (e->flags & W_Q8) return (float)(int8_t)e->vals[q] * from_bf16(rd16(e->scales + 2 * r));
-    if (e->flags & W_F16) return from_f16_any(rd16(e->vals + 2 * q));
+/* The carried value number q of a values entry (form: W_Q8, W_F16 or 0 for float32), of row scale s. */
+static inline float wire_value(const uint8_t *vals, int form, int64_t q, float s) {
+    if (form == W_Q8) return (float)(int8_t)vals[q] * s;
+    if (form == W_F16) return from_f16_any(rd16(vals + 2 * q));
     float f;
-    uint32_t bits = rd32(e->vals + 4 * q);
+    uint32_t bits = rd32(vals + 4 * q);
     memcpy(&f, &bits, sizeof f);
     return f;
+}
+
+/* The rows of a table a step touches are scattered over more than the caches hold: the
+ * row AHEAD rows on is fetched while this one is added. */
+#define AHEAD 16
+static inline void prefetch_row(const float *table, int64_t row, int64_t dim) {
+    const char *p = (const char *)(table + row * dim);
+    for (int64_t b = 0; b < dim * (int64_t)sizeof(float); b += 64) __builtin_prefetch(p + b, 1, 3);
 }
 
 static inline float divisor_of(const float *counts, int64_t row, int divide, float per) {
@@ -481,32 +502,86 @@ static inline float divisor_of(const float *counts, int64_t row, int divide, flo
     return d < 1.0f ? 1.0f : d;
 }
 
-static void add_entry(const wire_entry *e, float *table, const float *counts, int divide, float per) {
+/* One values entry of one form (a constant where inlined: the compiler makes a loop per form).
+ * Masked entries are done without a branch per entry (which entries are significant is
+ * random, and a mispredicted branch costs more than the arithmetic): every entry computes
+ * its sum and keeps it where its mask bit is set. */
+static inline void add_entry_form(const wire_entry *e, int form, float *table, const float *counts, int divide,
+                                  float per) {
     const int64_t k = e->k, dim = e->dim;
+    const uint8_t *vals = e->vals;
     if (!(e->flags & W_MASKED)) {
         for (int64_t r = 0; r < k; r++) {
+            if (r + AHEAD < k) prefetch_row(table, e->idx[r + AHEAD], dim);
             const float d = divisor_of(counts, e->idx[r], divide, per);
+            const float s = form == W_Q8 ? from_bf16(rd16(e->scales + 2 * r)) : 1.0f;
             float *t = table + e->idx[r] * dim;
-            for (int64_t j = 0; j < dim; j++) t[j] += wire_value(e, r * dim + j, r) / d;
+            for (int64_t j = 0; j < dim; j++) t[j] += wire_value(vals, form, r * dim + j, s) / d;
         }
         return;
     }
-    const int64_t width = (dim + 7) / 8;
+    const int64_t width = (dim + 7) / 8, last = e->nnz - 1;
+    if (!e->rows_form && width <= 8) {
+        /* Single entries, a few a row: only the set bits, found a word at a time. */
+        int64_t q = 0;
+        for (int64_t r = 0; r < k; r++) {
+            uint64_t word = 0;
+            memcpy(&word, e->masks + r * width, (size_t)width);
+            if (dim < 64) word &= (UINT64_C(1) << dim) - 1;
+            if (r + AHEAD < k) prefetch_row(table, e->idx[r + AHEAD], dim);
+            if (!word) continue;
+            const float d = divisor_of(counts, e->idx[r], divide, per);
+            const float s = form == W_Q8 ? from_bf16(rd16(e->scales + 2 * r)) : 1.0f;
+            float *t = table + e->idx[r] * dim;
+            if (d == 1.0f) /* (x / 1 is x: the division skipped, the bits the same) */
+                while (word) {
+                    const int j = __builtin_ctzll(word);
+                    word &= word - 1;
+                    t[j] += wire_value(vals, form, q++, s);
+                }
+            else
+                while (word) {
+                    const int j = __builtin_ctzll(word);
+                    word &= word - 1;
+                    t[j] += wire_value(vals, form, q++, s) / d;
+                }
+        }
+        return;
+    }
+    /* Whole rows add a zero where nothing was carried (as index_add_ of the decoded rows
+     * does: -0.0 + 0.0 is +0.0); single entries add only what they carry. */
+    const int whole = e->rows_form;
     int64_t q = 0;
     for (int64_t r = 0; r < k; r++) {
+        if (r + AHEAD < k) prefetch_row(table, e->idx[r + AHEAD], dim);
         const float d = divisor_of(counts, e->idx[r], divide, per);
+        const float s = form == W_Q8 ? from_bf16(rd16(e->scales + 2 * r)) : 1.0f;
+        const float zero = (form == W_Q8 ? 0.0f * s : 0.0f) / d;
         float *t = table + e->idx[r] * dim;
         const uint8_t *m = e->masks + r * width;
-        /* Whole rows add a zero where nothing was carried (as index_add_ of the decoded
-         * rows does: -0.0 + 0.0 is +0.0); single entries add only what they carry. */
-        const float zero = e->flags & W_Q8 ? 0.0f * from_bf16(rd16(e->scales + 2 * r)) : 0.0f;
         for (int64_t j = 0; j < dim; j++) {
-            if (m[j / 8] >> (j % 8) & 1)
-                t[j] += wire_value(e, q++, r) / d;
-            else if (e->rows_form)
-                t[j] += zero / d;
+            const int bit = m[j >> 3] >> (j & 7) & 1;
+            const float v = wire_value(vals, form, q < last ? q : last, s) / d;
+            const float kept = whole ? t[j] + zero : t[j];
+            t[j] = bit ? t[j] + v : kept;
+            q += bit;
         }
     }
+}
+
+static void add_entry(const wire_entry *e, float *table, const float *counts, int divide, float per) {
+    if (e->flags & W_Q8)
+        add_entry_form(e, W_Q8, table, counts, divide, per);
+    else if (e->flags & W_F16)
+        add_entry_form(e, W_F16, table, counts, divide, per);
+    else
+        add_entry_form(e, 0, table, counts, divide, per);
+}
+
+/* Whether an entry's rows count as touchers: a payload's touched rows where it sent
+ * them, else the rows of its values that decode to whole rows. */
+static int counted(const wire_entry *e, int has_touched) {
+    return e->param >= 0 && (has_touched ? e->kind == 1 : e->kind == 0 && e->rows_form);
 }
 
 int64_t ebb_apply_payloads(int64_t n_src, const uint8_t *const *bufs, const int64_t *lens, int64_t own_at,
@@ -529,9 +604,7 @@ int64_t ebb_apply_payloads(int64_t n_src, const uint8_t *const *bufs, const int6
         free(w);
         return status;
     }
-    /* Each row's touchers: a payload's touched rows where it sent them, else the rows of
-     * its values that decode to whole rows. */
-    if (divide)
+    if (divide) /* each row's touchers */
         for (int64_t s = 0; s < n_src; s++) {
             if (s == own_at) {
                 for (int64_t p = 0; p < n_params; p++)
@@ -540,7 +613,7 @@ int64_t ebb_apply_payloads(int64_t n_src, const uint8_t *const *bufs, const int6
             }
             for (int i = 0; i < w[s].n; i++) {
                 const wire_entry *e = &w[s].e[i];
-                if (e->param < 0 || (w[s].has_touched ? e->kind != 1 : (e->kind != 0 || !e->rows_form))) continue;
+                if (!counted(e, w[s].has_touched)) continue;
                 for (int64_t r = 0; r < e->k; r++) counts[e->param][e->idx[r]] += 1.0f;
             }
         }
@@ -549,6 +622,7 @@ int64_t ebb_apply_payloads(int64_t n_src, const uint8_t *const *bufs, const int6
             for (int64_t p = 0; p < n_params; p++) {
                 const int64_t dim = dims[p];
                 for (int64_t r = 0; r < own_k[p]; r++) {
+                    if (r + AHEAD < own_k[p]) prefetch_row(tables[p], own_rows[p][r + AHEAD], dim);
                     const float d = divisor_of(counts[p], own_rows[p][r], divide, per);
                     float *t = tables[p] + own_rows[p][r] * dim;
                     const float *v = own_vals[p] + r * dim;
@@ -571,7 +645,7 @@ int64_t ebb_apply_payloads(int64_t n_src, const uint8_t *const *bufs, const int6
             }
             for (int i = 0; i < w[s].n; i++) {
                 const wire_entry *e = &w[s].e[i];
-                if (e->param >= 0) /* every row a count could be on */
+                if (counted(e, w[s].has_touched))
                     for (int64_t r = 0; r < e->k; r++) counts[e->param][e->idx[r]] = 0.0f;
             }
         }
