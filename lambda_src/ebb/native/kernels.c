@@ -308,6 +308,7 @@ typedef struct {
     const int64_t *idx; /* k row ids */
     int64_t *owned;     /* idx, when this entry allocated it */
     const uint8_t *masks, *scales, *vals;
+    int64_t r, q; /* while adding: the next row, and the next carried value */
 } wire_entry;
 
 typedef struct {
@@ -490,6 +491,7 @@ static inline float wire_value(const uint8_t *vals, int form, int64_t q, float s
 /* The rows of a table a step touches are scattered over more than the caches hold: the
  * row AHEAD rows on is fetched while this one is added. */
 #define AHEAD 16
+#define BLOCK_BYTES (256 * 1024) /* a block of a table's rows that a core's cache holds */
 static inline void prefetch_row(const float *table, int64_t row, int64_t dim) {
     const char *p = (const char *)(table + row * dim);
     for (int64_t b = 0; b < dim * (int64_t)sizeof(float); b += 64) __builtin_prefetch(p + b, 1, 3);
@@ -502,29 +504,28 @@ static inline float divisor_of(const float *counts, int64_t row, int divide, flo
     return d < 1.0f ? 1.0f : d;
 }
 
-/* One values entry of one form (a constant where inlined: the compiler makes a loop per form).
- * Masked entries are done without a branch per entry (which entries are significant is
- * random, and a mispredicted branch costs more than the arithmetic): every entry computes
- * its sum and keeps it where its mask bit is set. */
-static inline void add_entry_form(const wire_entry *e, int form, float *table, const float *counts, int divide,
+/* The rows of one values entry below row `hi`, from its cursor on (e->r, e->q), of one
+ * form (a constant where inlined: the compiler makes a loop per form). */
+static inline void add_entry_form(wire_entry *e, int form, int64_t hi, float *table, const float *counts, int divide,
                                   float per) {
     const int64_t k = e->k, dim = e->dim;
     const uint8_t *vals = e->vals;
+    int64_t r = e->r, q = e->q;
     if (!(e->flags & W_MASKED)) {
-        for (int64_t r = 0; r < k; r++) {
+        for (; r < k && e->idx[r] < hi; r++) {
             if (r + AHEAD < k) prefetch_row(table, e->idx[r + AHEAD], dim);
             const float d = divisor_of(counts, e->idx[r], divide, per);
             const float s = form == W_Q8 ? from_bf16(rd16(e->scales + 2 * r)) : 1.0f;
             float *t = table + e->idx[r] * dim;
             for (int64_t j = 0; j < dim; j++) t[j] += wire_value(vals, form, r * dim + j, s) / d;
         }
+        e->r = r;
         return;
     }
     const int64_t width = (dim + 7) / 8, last = e->nnz - 1;
     if (!e->rows_form && width <= 8) {
         /* Single entries, a few a row: only the set bits, found a word at a time. */
-        int64_t q = 0;
-        for (int64_t r = 0; r < k; r++) {
+        for (; r < k && e->idx[r] < hi; r++) {
             uint64_t word = 0;
             memcpy(&word, e->masks + r * width, (size_t)width);
             if (dim < 64) word &= (UINT64_C(1) << dim) - 1;
@@ -546,13 +547,15 @@ static inline void add_entry_form(const wire_entry *e, int form, float *table, c
                     t[j] += wire_value(vals, form, q++, s) / d;
                 }
         }
+        e->r = r, e->q = q;
         return;
     }
     /* Whole rows add a zero where nothing was carried (as index_add_ of the decoded rows
-     * does: -0.0 + 0.0 is +0.0); single entries add only what they carry. */
+     * does: -0.0 + 0.0 is +0.0); single entries add only what they carry. Dense enough
+     * masks go without a branch per entry (which entries are significant is random, and
+     * a mispredicted branch costs more than the arithmetic). */
     const int whole = e->rows_form;
-    int64_t q = 0;
-    for (int64_t r = 0; r < k; r++) {
+    for (; r < k && e->idx[r] < hi; r++) {
         if (r + AHEAD < k) prefetch_row(table, e->idx[r + AHEAD], dim);
         const float d = divisor_of(counts, e->idx[r], divide, per);
         const float s = form == W_Q8 ? from_bf16(rd16(e->scales + 2 * r)) : 1.0f;
@@ -567,15 +570,36 @@ static inline void add_entry_form(const wire_entry *e, int form, float *table, c
             q += bit;
         }
     }
+    e->r = r, e->q = q;
 }
 
-static void add_entry(const wire_entry *e, float *table, const float *counts, int divide, float per) {
+static void add_entry(wire_entry *e, int64_t hi, float *table, const float *counts, int divide, float per) {
     if (e->flags & W_Q8)
-        add_entry_form(e, W_Q8, table, counts, divide, per);
+        add_entry_form(e, W_Q8, hi, table, counts, divide, per);
     else if (e->flags & W_F16)
-        add_entry_form(e, W_F16, table, counts, divide, per);
+        add_entry_form(e, W_F16, hi, table, counts, divide, per);
     else
-        add_entry_form(e, 0, table, counts, divide, per);
+        add_entry_form(e, 0, hi, table, counts, divide, per);
+}
+
+static int ascending(const int64_t *idx, int64_t k) {
+    for (int64_t r = 1; r < k; r++)
+        if (idx[r] <= idx[r - 1]) return 0;
+    return 1;
+}
+
+/* Add one table's values entries (in contribution order) a block of rows at a time: the
+ * block's rows stay in cache while every contribution adds into them, and each row still
+ * takes its contributions in their order. Rows not ascending in some entry: one block. */
+static void add_table(wire_entry *const *list, int64_t n, float *table, int64_t n_rows, int64_t dim,
+                      const float *counts, int divide, float per) {
+    int sorted = 1;
+    for (int64_t i = 0; i < n && sorted; i++) sorted = ascending(list[i]->idx, list[i]->k);
+    const int64_t block = sorted ? (BLOCK_BYTES / (int64_t)sizeof(float) + dim - 1) / dim : n_rows;
+    for (int64_t lo = 0; lo < n_rows; lo += block) {
+        const int64_t hi = lo + block < n_rows ? lo + block : n_rows;
+        for (int64_t i = 0; i < n; i++) add_entry(list[i], hi, table, counts, divide, per);
+    }
 }
 
 /* Whether an entry's rows count as touchers: a payload's touched rows where it sent
@@ -599,7 +623,20 @@ int64_t ebb_apply_payloads(int64_t n_src, const uint8_t *const *bufs, const int6
         for (int64_t p = 0; p < n_params; p++)
             for (int64_t r = 0; r < own_k[p]; r++)
                 if (own_rows[p][r] < 0 || own_rows[p][r] >= n_rows[p]) status = APPLY_BAD_ROW;
+    /* The own update as float32 values entries, one a table; each table's entries are
+     * listed in contribution order in `list` (at most every entry and the own one). */
+    int64_t total = 1;
+    for (int64_t s = 0; s < n_src; s++) total += w[s].n;
+    wire_entry *own = calloc((size_t)(n_params ? n_params : 1), sizeof(wire_entry));
+    wire_entry **list = malloc((size_t)total * sizeof(wire_entry *));
+    if (status == APPLY_OK && (!own || !list)) status = APPLY_NO_MEMORY;
+    for (int64_t p = 0; p < n_params && status == APPLY_OK && own_at >= 0; p++)
+        if (own_k[p] > 0)
+            own[p] = (wire_entry){.param = (int)p, .rows_form = 1, .k = own_k[p], .dim = dims[p],
+                                  .idx = own_rows[p], .vals = (const uint8_t *)own_vals[p]};
     if (status != APPLY_OK) {
+        free(own);
+        free(list);
         for (int64_t s = 0; s < n_src; s++) free_payload(&w[s]);
         free(w);
         return status;
@@ -617,25 +654,24 @@ int64_t ebb_apply_payloads(int64_t n_src, const uint8_t *const *bufs, const int6
                 for (int64_t r = 0; r < e->k; r++) counts[e->param][e->idx[r]] += 1.0f;
             }
         }
-    for (int64_t s = 0; s < n_src; s++) {
-        if (s == own_at) {
-            for (int64_t p = 0; p < n_params; p++) {
-                const int64_t dim = dims[p];
-                for (int64_t r = 0; r < own_k[p]; r++) {
-                    if (r + AHEAD < own_k[p]) prefetch_row(tables[p], own_rows[p][r + AHEAD], dim);
-                    const float d = divisor_of(counts[p], own_rows[p][r], divide, per);
-                    float *t = tables[p] + own_rows[p][r] * dim;
-                    const float *v = own_vals[p] + r * dim;
-                    for (int64_t j = 0; j < dim; j++) t[j] += v[j] / d;
-                }
+    for (int64_t p = 0; p < n_params; p++) {
+        int64_t n = 0;
+        for (int64_t s = 0; s < n_src; s++) {
+            if (s == own_at) {
+                if (own_k[p] > 0) list[n++] = &own[p];
+                continue;
             }
-            continue;
+            for (int i = 0; i < w[s].n; i++) {
+                wire_entry *e = &w[s].e[i];
+                if (e->param != p || e->kind != 0 || !e->k) continue;
+                e->r = e->q = 0;
+                list[n++] = e;
+            }
         }
-        for (int i = 0; i < w[s].n; i++) {
-            const wire_entry *e = &w[s].e[i];
-            if (e->param >= 0 && e->kind == 0 && e->k) add_entry(e, tables[e->param], counts[e->param], divide, per);
-        }
+        add_table(list, n, tables[p], n_rows[p], dims[p], counts[p], divide, per);
     }
+    free(own);
+    free(list);
     if (divide)
         for (int64_t s = 0; s < n_src; s++) {
             if (s == own_at) {
