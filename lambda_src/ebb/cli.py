@@ -517,12 +517,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ebb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{synth,prepare,train,spec,submit,watch,report}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{synth,prepare,train,tune,spec,submit,watch,report}"
+    )
     _add_synth(sub)
     _add_prepare(sub)
     _add_train(sub)
     _add_spec(sub)
     _add_aws(sub)
+    from ebb.tune.command import add_tune  # ebb tune: hyper-parameter search (ebb/tune/)
+
+    add_tune(sub)
     return parser
 
 
