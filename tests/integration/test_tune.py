@@ -100,7 +100,7 @@ def test_tune_promotes_the_best_and_a_promoted_trial_matches_one_run_straight_th
 
 def test_tune_killed_outright_resumes_without_retraining_finished_rungs_within_its_budget(tiny_ratings, tmp_path):
     out = tmp_path / "search"
-    budget = 0.0004  # less than four trials to the last rung cost
+    budget = 0.0018  # two thirds of what the search costs unbounded
     proc = _ebb(*_job(tiny_ratings, out, "--budget-usd", str(budget), "--parallel", "2"), start_new_session=True)
     state_path = out / "tune_state.json"
     deadline = time.monotonic() + 120

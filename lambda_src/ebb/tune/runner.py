@@ -359,7 +359,7 @@ def _plot(rows: list[dict[str, Any]], path: Path, model: str) -> None:
     ax.set_xlabel("epochs (one worker's pace)")
     ax.set_ylabel(f"validation ({'rmse' if model == 'pmf' else 'logloss'})")
     ax.set_title("ebb tune: validation per trial")
-    if len(rows) <= 12:
+    if 0 < len(rows) <= 12 and any(r["curve"] for r in rows):
         ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
