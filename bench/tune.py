@@ -102,17 +102,13 @@ def main(argv=None) -> None:
         base = RUNS / f"{name}-w{args.workers}"
         shutil.rmtree(base, ignore_errors=True)
         print(f"[{name}] {data['model']}, {args.workers} worker(s)", flush=True)
-        arms = {
-            "defaults": lambda: run_defaults(data, args.workers, base / "defaults"),
-            "tune --quick": lambda: run_tune(data, args.workers, base / "tune", [], args.parallel),
-            "random": lambda: run_tune(
-                data, args.workers, base / "random", ["--scheduler", "none", "--sampler", "random"], args.parallel
-            ),
-        }
-        got = {}
-        for arm, fn in arms.items():
-            got[arm] = fn()
-            print(f"   {arm}: {got[arm]}", flush=True)
+        random = ["--scheduler", "none", "--sampler", "random"]
+        got = {"defaults": run_defaults(data, args.workers, base / "defaults")}
+        print(f"   defaults: {got['defaults']}", flush=True)
+        got["tune --quick"] = run_tune(data, args.workers, base / "tune", [], args.parallel)
+        print(f"   tune --quick: {got['tune --quick']}", flush=True)
+        got["random"] = run_tune(data, args.workers, base / "random", random, args.parallel)
+        print(f"   random: {got['random']}", flush=True)
         if args.with_torch:
             started = time.perf_counter()
             ref = tune_torch(data, QUICK_TORCH_GRIDS[data["model"]], epochs=20)
