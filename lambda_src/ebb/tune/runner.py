@@ -130,14 +130,10 @@ class LocalTune:
         unit = unit_steps(spec)
         manifest_parts = _num_parts(spec)
         # The engine itself stops the trial at the last rung (then finalizes it as any job);
-        # rounds end at every epoch (one worker's pace), where the search may pause it.
+        # each job of the trial ends its (last) round at its rung, where the search pauses it.
         top_passes = self.tspec.rungs()[-1] * unit * spec.workers / manifest_parts
         spec = spec.model_copy(
-            update={
-                "stop": spec.stop.model_copy(update={"max_epochs": top_passes}),
-                "round_steps": max(2, unit),
-                "redis_urls": [],
-            }
+            update={"stop": spec.stop.model_copy(update={"max_epochs": top_passes}), "redis_urls": []}
         )
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(spec.model_dump_json(indent=2))

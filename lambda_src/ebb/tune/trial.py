@@ -40,10 +40,16 @@ def run_job(folder: str, to_steps: int, redis_url: str, budget_usd: float | None
     from ebb.stores import open_object_store
 
     spec = load_trial(folder)
+    store = open_object_store(checkpoints_location(spec))
+    done = checkpoint.latest(store)
+    resume = done is not None
+    first = checkpoint.read_supervisor(store, done["round"]).clock + 1 if done is not None else 0
+    # One round to the rung (a round is one wave of invocations: one cold start on a fleet),
+    # unless round_seconds cuts it sooner; the search pauses the trial where it ends.
+    rounds = spec.round_steps or max(2, to_steps - first)
     stop = spec.stop.model_copy(update={"budget_usd": budget_usd})
-    spec = spec.model_copy(update={"redis_urls": [redis_url], "stop": stop})
+    spec = spec.model_copy(update={"redis_urls": [redis_url], "stop": stop, "round_steps": rounds})
     torch.set_num_threads(1)
-    resume = checkpoint.latest(open_object_store(checkpoints_location(spec))) is not None
     started = time.monotonic()
     try:
         run_local(spec, None, resume=resume, pause_after=lambda result: result["steps"] >= to_steps)
