@@ -139,3 +139,20 @@ def test_tune_killed_outright_resumes_without_retraining_finished_rungs_within_i
         report = json.loads((out / "trials" / f"t{trial:03d}" / "report.json").read_text())
         steps = [h["step"] for h in report["history"]]
         assert steps == list(range(len(steps)))  # no step trained twice in the trial's history
+
+
+def test_a_scoring_at_a_rounds_last_step_reaches_the_supervisor_as_without_the_cut(tiny_ratings, tmp_path):
+    """Rounds ending exactly where validation is scored (what a rung does): the scoring
+    travels in the worker's checkpoint, so early stopping sees every one of them."""
+    from ebb.spec import load_spec
+
+    def spec(out, **more):
+        fields = {"model": "pmf", "data": tiny_ratings, "out": str(out), "seed": 2, "hyper.rank": 5}
+        return load_spec(overrides={**fields, "stop.max_epochs": 4, **more})
+
+    whole, _ = run_local(spec(tmp_path / "whole"))
+    cut, _ = run_local(spec(tmp_path / "cut", round_steps=10))  # 10 parts: a round an epoch
+    assert cut["rounds"] == 4 and whole["rounds"] == 1
+    vals = [(h["step"], h.get("val")) for h in whole["history"] if h.get("val") is not None]
+    assert len(vals) >= 3 and vals == [(h["step"], h.get("val")) for h in cut["history"] if h.get("val") is not None]
+    assert cut["best_val"] == whole["best_val"] and cut["best_step"] == whole["best_step"]
