@@ -223,8 +223,8 @@ def tune_spec(
         spec = TuneSpec.model_validate(doc)
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise SpecError(f"tune.{where}: {err['msg'].removeprefix('Value error, ')}") from None
+        where, message = ".".join(str(p) for p in err["loc"]), err["msg"].removeprefix("Value error, ")
+        raise SpecError(message if message.startswith("tune.") else f"tune.{where}: {message}") from None
     if not spec.space:
         raise SpecError("tune: nothing to search: give a space (tune.space in the job file, --param, or --quick)")
     return spec
