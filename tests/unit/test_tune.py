@@ -190,3 +190,12 @@ def test_failed_and_early_stopped_trials():
     # Closing (no trials to come): the best of rung 0 already stands at the top, so the
     # weaker one is not trained further.
     assert search.next_job() is None and not paused.done
+
+
+@pytest.mark.parametrize("sampler", ["random", "qmc", "tpe"])
+def test_every_trial_gets_settings_of_its_own(sampler):
+    search = Search(_spec(sampler=sampler, scheduler="none", trials=8))
+    jobs = [search.next_job() for _ in range(8)]  # all sampled while none has a score (running at once)
+    assert all(j is not None for j in jobs)
+    lrs = [t.params["hyper.lr"] for t in search.trials]
+    assert len(set(lrs)) == 8

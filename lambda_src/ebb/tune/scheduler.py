@@ -77,32 +77,46 @@ class Search:
         self.trials: list[Trial] = []
         self.launches: list[dict[str, Any]] = []  # every job started: trial, rung, from and to epochs
         self.distributions = spec.distributions()
-        self.study = optuna.create_study(direction="minimize", sampler=self._sampler(0))
+        self.study = optuna.create_study(direction="minimize")
         self._asked: dict[int, Any] = {}  # trial id -> its live Optuna trial (sampled in this process)
         self._running: dict[int, Job] = {}
+        self._by_kind: dict[str, Any] | None = None  # the samplers, made once the state is loaded
         if state:
             self._load(state)
 
     # -- sampling ------------------------------------------------------------------
-    def _sampler(self, told: int):
+    def _samplers(self) -> dict[str, Any]:
+        """One instance of each sampler for the whole search, so each draws on from where it
+        was (a fresh instance per trial would draw the same point again). Seeded with the
+        trials so far, so a resumed search draws new points too."""
         import warnings
 
         from optuna.exceptions import ExperimentalWarning
         from optuna.samplers import QMCSampler, RandomSampler, TPESampler
 
-        s = self.spec
-        if s.sampler == "random":
-            return RandomSampler(seed=s.seed)
-        warmup = max(SAMPLER_WARMUP, s.eta)
-        if s.sampler == "qmc" or told < warmup:
-            # scramble: a seeded, shifted Sobol sequence; warn_independent_sampling: categorical fields
-            # are drawn independently, by design.
-            with warnings.catch_warnings():  # stable in use since Optuna 3; the flag is a formality
-                warnings.simplefilter("ignore", ExperimentalWarning)
-                return QMCSampler(seed=s.seed, scramble=True, warn_independent_sampling=False)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ExperimentalWarning)  # multivariate: also "experimental"
-            return TPESampler(seed=s.seed + told, multivariate=True)
+        seed = self.spec.seed + len(self.trials)
+        with warnings.catch_warnings():  # both stable in use since Optuna 3; the flag is a formality
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            return {
+                "random": RandomSampler(seed=seed),
+                # scramble: a seeded, shifted Sobol sequence (its place is kept in the study);
+                # categorical fields are drawn by its independent sampler, by design.
+                "qmc": QMCSampler(
+                    seed=self.spec.seed,
+                    scramble=True,
+                    independent_sampler=RandomSampler(seed=seed),
+                    warn_independent_sampling=False,
+                ),
+                "tpe": TPESampler(seed=seed, multivariate=True),
+            }
+
+    def _sampler(self, told: int):
+        if self._by_kind is None:
+            self._by_kind = self._samplers()
+        kind = self.spec.sampler
+        if kind == "tpe" and told < max(SAMPLER_WARMUP, self.spec.eta):
+            kind = "qmc"
+        return self._by_kind[kind]
 
     def _sample(self) -> dict[str, Any]:
         told = sum(1 for t in self.trials if 0 in t.scores)
