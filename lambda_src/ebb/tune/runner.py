@@ -101,8 +101,15 @@ class LocalTune:
             raise TuneError(
                 f"{self.out} holds a search already: continue it with --resume {self.out}, or choose another --out"
             )
+        from ebb.engine.preflight import PreflightError, preflight
+        from ebb.stores import open_object_store
+
+        base = self.base.spec()  # the base job must be valid, and its data sound, before anything runs
+        try:
+            preflight(base, open_object_store(base.data))
+        except (PreflightError, OSError, ValueError) as exc:
+            raise TuneError(str(exc)) from None
         self.out.mkdir(parents=True, exist_ok=True)
-        self.base.spec()  # the base job must be valid before anything runs
         self.search = Search(self.tspec)
 
     def _save(self, wall: float) -> None:
