@@ -94,7 +94,10 @@ class Search:
         from optuna.exceptions import ExperimentalWarning
         from optuna.samplers import QMCSampler, RandomSampler, TPESampler
 
-        seed = self.spec.seed + len(self.trials)
+        # Each sampler's own stream (one seed for all would draw TPE's first random point
+        # where QMC's first was), moved on by the trials so far for a resumed search.
+        seed = 3 * (self.spec.seed + len(self.trials))
+        warmup = max(SAMPLER_WARMUP, self.spec.eta)
         with warnings.catch_warnings():  # both stable in use since Optuna 3; the flag is a formality
             warnings.simplefilter("ignore", ExperimentalWarning)
             return {
@@ -104,10 +107,11 @@ class Search:
                 "qmc": QMCSampler(
                     seed=self.spec.seed,
                     scramble=True,
-                    independent_sampler=RandomSampler(seed=seed),
+                    independent_sampler=RandomSampler(seed=seed + 1),
                     warn_independent_sampling=False,
                 ),
-                "tpe": TPESampler(seed=seed, multivariate=True),
+                # TPE models from the QMC trials on (its default waits for 10 random ones).
+                "tpe": TPESampler(seed=seed + 2, multivariate=True, n_startup_trials=warmup),
             }
 
     def _sampler(self, told: int):
