@@ -7,6 +7,7 @@ a deployed stack.
     ebb submit job.yaml --stack Ebb                     # the same job on AWS Lambda
     ebb watch EXECUTION                                 # its progress, until it ends
     ebb report EXECUTION --out runs/x                   # its report, model and plot
+    ebb predict --model runs/x --input rows.csv --out p.csv   # score rows with a trained model
 """
 
 from __future__ import annotations
@@ -517,12 +518,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ebb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{synth,prepare,train,spec,submit,watch,report}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{synth,prepare,train,spec,submit,watch,report,predict}"
+    )
     _add_synth(sub)
     _add_prepare(sub)
     _add_train(sub)
     _add_spec(sub)
     _add_aws(sub)
+    from ebb.predict.cli import add_predict  # ebb predict (issue 26)
+
+    add_predict(sub)
     return parser
 
 
