@@ -29,7 +29,9 @@ from ebb.spec import JobSpec
 ARTIFACT_VERSION = 1
 
 
-def model_meta(spec: JobSpec, manifest: Manifest, report: dict[str, Any], replica: dict[str, np.ndarray]) -> dict[str, Any]:
+def model_meta(
+    spec: JobSpec, manifest: Manifest, report: dict[str, Any], replica: dict[str, np.ndarray]
+) -> dict[str, Any]:
     """model.json's content (README, "The model artifact", lists every field)."""
     meta: dict[str, Any] = {
         "version": ARTIFACT_VERSION,
