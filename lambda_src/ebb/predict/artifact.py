@@ -22,7 +22,8 @@ from ebb.models import scoring
 from ebb.ports.keys import MODEL_KEY, MODEL_META_KEY
 from ebb.ports.objects import ObjectStore, is_s3
 
-USER_BLOCK = 2048  # users scored per matrix product in recommend (x items x 4 bytes of scores)
+USER_BLOCK = 256  # users per matrix product in recommend: 256 × 10k items × 4 B = 10 MB of scores
+LANES = 64  # top_k's lanes (the item table is padded to a multiple)
 
 
 class ArtifactError(ValueError):
@@ -82,6 +83,34 @@ class _IdIndex:
         return np.where(found, self._order[pos], -1)
 
 
+def top_k(scores: np.ndarray, k: int, *, lanes: int = LANES) -> tuple[np.ndarray, ...]:
+    """The ``k`` highest finite scores of each row, exactly, best first (equal scores by
+    column): flat ``(row, column, score, rank)``. Rows with fewer finite scores give fewer.
+
+    Column ``c`` of a row belongs to lane ``c mod lanes``. The k-th highest of a row's lane
+    maxima is a lower bound of its k-th highest score (k lanes each hold a score at least
+    that high), so only scores at or above it can be in the top ``k``. Two vectorised
+    passes (the lanes' maxima: elementwise maxima of contiguous slices; a comparison) leave
+    about ``k`` candidates a row, sorted together, in place of a selection over every score.
+    ``scores.shape[1]`` must be a multiple of ``lanes`` (pad with -inf)."""
+    n, width = scores.shape
+    if k >= lanes:  # too few lanes for a bound: sort every score (stable: ties by column)
+        top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        row, col = np.repeat(np.arange(n), top.shape[1]), top.reshape(-1)
+    else:
+        maxima = scores.reshape(n, width // lanes, lanes).max(axis=1)
+        bound = np.partition(maxima, lanes - k, axis=1)[:, lanes - k]
+        flat = np.flatnonzero(scores >= bound[:, None])
+        row, col = flat // width, flat % width
+    value = scores[row, col]
+    order = np.lexsort((col, -value, row))
+    row, col, value = row[order], col[order], value[order]
+    starts = np.searchsorted(row, np.arange(n))
+    rank = np.arange(len(row)) - starts[row] + 1
+    keep = (rank <= k) & np.isfinite(value)
+    return row[keep], col[keep], value[keep], rank[keep].astype(np.int32)
+
+
 class RatingsModel:
     """A PMF model: ``predict`` scores (user, item) pairs; ``recommend`` the top-K items."""
 
@@ -97,9 +126,11 @@ class RatingsModel:
         self.rating_range = None if rr is None else (float(rr[0]), float(rr[1]))
         self.users, self.items = _IdIndex(id_map["user"]), _IdIndex(id_map["item"])
         self.seen_indptr, self.seen_items = seen["indptr"], seen["items"]
-        # Factors apart from biases, contiguous, for the matrix products of recommend.
-        self._item_factors = np.ascontiguousarray(self.item[:, : self.rank])
-        self._item_bias = self.item[:, self.rank].copy()
+        # recommend's item side: [V_i, b_i] per row, padded with zero rows to whole lanes.
+        self.num_items = len(self.item)
+        padded = -(-self.num_items // LANES) * LANES
+        self._item_matrix = np.zeros((padded, self.rank + 1), dtype=np.float32)
+        self._item_matrix[: self.num_items] = self.item
         self.unknown = {"users": 0, "items": 0}
 
     @property
@@ -147,35 +178,23 @@ class RatingsModel:
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
     def _top_block(self, raw: np.ndarray, users: np.ndarray, k: int, exclude_seen: bool) -> dict[str, np.ndarray]:
+        """The block's top ``k``: one matrix product scores every item (the biases ride in it:
+        ``[U_u, 1]·[V_i, b_i]``; ``μ + b_u`` is the same for a user's items, so it is added to
+        the k kept only), seen items are set to -inf, and ``top_k`` selects."""
         r = self.rank
         known = users >= 0
         rows = self.user[np.where(known, users, 0)]
         rows[~known] = 0.0  # unknown: no factors, no bias
-        scores = rows[:, :r] @ self._item_factors.T  # [block, items], one BLAS product
-        scores += self._item_bias
-        scores += (rows[:, r] + np.float32(self.mean))[:, None]
+        a = np.empty((len(rows), r + 1), dtype=np.float32)
+        a[:, :r], a[:, r] = rows[:, :r], 1.0
+        scores = a @ self._item_matrix.T  # [block, padded items]
+        scores[:, self.num_items :] = -np.inf  # the padding
         if exclude_seen and known.any():
             row, col = self._seen_cells(users)
             scores[row, col] = -np.inf
-        n_items = scores.shape[1]
-        kk = min(k, n_items)
-        if kk < n_items:
-            top = np.argpartition(scores, n_items - kk, axis=1)[:, n_items - kk :]
-        else:
-            top = np.broadcast_to(np.arange(n_items), scores.shape).copy()
-        top_scores = np.take_along_axis(scores, top, axis=1)
-        # Best first; equal scores by item index, so the order is the same on every run.
-        order = np.lexsort((top, -top_scores), axis=1)
-        top = np.take_along_axis(top, order, axis=1)
-        top_scores = np.take_along_axis(top_scores, order, axis=1)
-        keep = np.isfinite(top_scores)  # fewer than k unseen items left
-        rank = np.broadcast_to(np.arange(1, kk + 1, dtype=np.int32), top.shape)
-        return {
-            "user": np.broadcast_to(raw[:, None], top.shape)[keep],
-            "item": self.items.raw[top[keep]],
-            "score": top_scores[keep],
-            "rank": rank[keep],
-        }
+        row, item, score, rank = top_k(scores, k)
+        score += (rows[:, r] + np.float32(self.mean))[row]
+        return {"user": raw[row], "item": self.items.raw[item], "score": score, "rank": rank}
 
     def _seen_cells(self, users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(row in the block, item) of every item the block's users rated: a vectorised CSR gather."""
