@@ -1,13 +1,15 @@
 """Top-K recommendations for every user of an ML-10M-shaped model, on one core: `ebb predict
---recommend` (``RatingsModel.recommend``: blocked matrix products, ``argpartition`` per block,
-seen items masked in place) against a plain numpy loop (per user: one matrix-vector product,
-seen items masked, ``argpartition``).
+--recommend` (``RatingsModel.recommend``: a matrix product per block of 256 users, seen items
+masked in place, the exact lane-bound ``top_k``) against a plain numpy loop (per user: one
+matrix-vector product, seen items masked, ``argpartition``).
 
 The model is random (its scores' values do not change the work): 70,000 users × 10,000
 items, rank 20, each user with ~143 seen items (ML-10M's 10M ratings / 70k users). BLAS is
 held to one thread. The two run in ABBA order (ebb, loop, loop, ebb), each over every
-user; the table gives each one's best of two. The share of users for whom both return the same items is
-recorded (products of different shapes round differently: last-bit ties may trade places). Targets: ebb ≥ the loop, and ≥ 1M user·item scores per second per core.
+user; the table gives each one's best of two (process CPU time). The share of users for
+whom both return the same items is recorded (products of different shapes round
+differently: items whose scores tie to the last bit may trade places). Targets: ebb ≥ the
+loop, and ≥ 1M user·item scores per second per core.
 
     python bench/predict.py [--users 70000] [--items 10000] [--rank 20] [--k 10] [--json PATH]
 """
