@@ -102,12 +102,13 @@ def write_artifact(
     manifest: Manifest,
     report: dict[str, Any],
     replica: dict[str, np.ndarray],
-) -> list[str]:
-    """Write model.json and, for PMF, id_map.npz and seen.npz into ``out``; returns the keys."""
-    written = []
+) -> dict[str, str]:
+    """Write model.json and, for PMF, id_map.npz and seen.npz into ``out``; returns them as
+    report.json's ``files`` names them."""
+    written = {}
     if manifest.kind == "ratings":
         out.put(ID_MAP_COPY_KEY, data.get(ID_MAP_KEY))
         out.put(SEEN_KEY, encode_batch(seen_items(data, manifest)))
-        written += [ID_MAP_COPY_KEY, SEEN_KEY]
+        written.update({"id_map": ID_MAP_COPY_KEY, "seen": SEEN_KEY})
     out.put(MODEL_META_KEY, json.dumps(model_meta(spec, manifest, report, replica), indent=2).encode())
-    return [*written, MODEL_META_KEY]
+    return {"model_meta": MODEL_META_KEY, **written}

@@ -164,5 +164,5 @@ def finalize(
         )
     manifest = load_manifest(data, spec.data)
     artifact = write_artifact(out, data, spec, manifest, report, replica)
-    write_outputs(out, report, replica, extra={"artifact": artifact})
+    write_outputs(out, report, replica, extra=artifact)
     return report, replica

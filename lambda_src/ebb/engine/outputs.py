@@ -18,12 +18,12 @@ def write_outputs(
     out: ObjectStore,
     report: dict[str, Any],
     replica: dict[str, np.ndarray] | None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    extra: dict[str, str] | None = None,
+) -> dict[str, str]:
     """Write report.json (always), model.npz and loss.png (when there is a model); returns
     the keys written (with ``extra``: keys written before, e.g. the model artifact's). The
     report goes last: a reader that finds it finds the rest."""
-    files: dict[str, Any] = dict(extra or {})
+    files = dict(extra or {})
     if replica is not None:
         out.put(MODEL_KEY, encode_batch(replica))
         files["model"] = MODEL_KEY
