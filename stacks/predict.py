@@ -25,7 +25,7 @@ from constructs import Construct
 
 from ebb.ports import deployment as names
 from ebb.ports.deployment import INLINE_MAP_LIMIT
-from stacks.workflow import LAMBDA_SERVICE_ERRORS, _UnlimitedMap
+from stacks.workflow import LAMBDA_SERVICE_ERRORS, _nag, _UnlimitedMap
 
 _RUN_FIELDS = ("run", "model", "input", "with_labels", "skip_bad_rows", "recommend", "users", "exclude_seen")
 
@@ -129,14 +129,21 @@ class PredictWorkflow(Construct):
             )
         )
         distributed_policy = self.state_machine.node.try_find_child("DistributedMapPolicy")
-        if distributed_policy is not None:
-            Validations.of(distributed_policy).acknowledge(
-                Acknowledgment(
-                    id="AwsSolutions-IAM5",
-                    reason="Distributed Map: the state machine describes and stops its own child executions, "
-                    "whose ARNs exist only at run time.",
-                )
+        if distributed_policy is not None:  # as the training workflow's (stacks/workflow.py)
+            machine = stack.get_logical_id(self.state_machine.node.default_child)
+            name = '{"Fn::Select":[6,{"Fn::Split":[":",{"Ref":"' + machine + '"}]}]}'
+            executions = (
+                f"arn:{_nag(stack.partition, 'AWS::Partition')}:states:{_nag(stack.region, 'AWS::Region')}:"
+                f"{_nag(stack.account, 'AWS::AccountId')}:execution:{name}"
             )
+            for suffix in (":*", "/*:*"):
+                Validations.of(distributed_policy).acknowledge(
+                    Acknowledgment(
+                        id=f"AwsSolutions-IAM5[Resource::{executions}{suffix}]",
+                        reason="Distributed Map: the state machine describes and stops its own child executions, "
+                        "whose ARNs exist only at run time.",
+                    )
+                )
 
 
 def _fields(path: str) -> dict[str, str]:
