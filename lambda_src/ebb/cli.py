@@ -86,14 +86,8 @@ def _spec_flags(args):
 
 
 def cmd_train(args) -> int:
-    import torch
-
-    from ebb.catalogue import entry
-    from ebb.engine.outputs import write_outputs
-    from ebb.engine.preflight import PreflightError
-    from ebb.local.progress import ProgressSink
-    from ebb.local.runner import JobFailed, run_local
     from ebb.ports.keys import MANIFEST_KEY
+    from ebb.ports.objects import is_s3
     from ebb.stores import open_object_store
 
     spec = _train_spec(args)
@@ -106,6 +100,37 @@ def cmd_train(args) -> int:
     except (ValueError, OSError) as exc:  # a bad location (missing bucket, no credentials): one line
         print(f"ebb train: {exc}", file=sys.stderr)
         return 2
+    from ebb.local.out_lock import OutLock, OutLocked
+
+    if not is_s3(spec.out_location) and Path(spec.out_location).exists() and not Path(spec.out_location).is_dir():
+        print(f"ebb train: out: {spec.out_location} is a file; give --out a folder", file=sys.stderr)
+        return 2
+    lock = OutLock(out, spec.out_location)
+    try:  # before anything is written to OUT: one job per folder
+        lock.acquire(resume=bool(args.resume))
+    except OutLocked as exc:
+        print(f"ebb train: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # unwritable, no credentials...
+        print(f"ebb train: out: cannot write to {spec.out_location}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _train_locked(args, spec, out, data, has_manifest)
+    finally:
+        lock.release()
+
+
+def _train_locked(args, spec, out, data, has_manifest: bool) -> int:
+    """``ebb train`` once the job holds the lock on its OUT."""
+    import torch
+
+    from ebb.catalogue import entry
+    from ebb.engine.outputs import write_outputs
+    from ebb.engine.preflight import PreflightError
+    from ebb.local.progress import ProgressSink
+    from ebb.local.runner import JobFailed, run_local
+    from ebb.ports.keys import MANIFEST_KEY
+
     if not has_manifest and spec.prepare is not None and not args.resume:
         from ebb.data.prepare import InputError, prepare_from_spec
 

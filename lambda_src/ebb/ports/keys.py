@@ -69,4 +69,5 @@ REPORT_KEY = "report.json"  # written last: a reader that finds it finds the res
 MODEL_KEY = "model.npz"
 PLOT_KEY = "loss.png"
 PROGRESS_KEY = "progress.json"  # a running job's latest step (ebb watch)
+LOCK_KEY = "lock.json"  # the job that owns the folder now (pid, host): created only if absent
 OUTPUT_KEYS = (REPORT_KEY, MODEL_KEY, PLOT_KEY, PROGRESS_KEY)

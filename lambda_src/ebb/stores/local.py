@@ -33,6 +33,21 @@ class FolderObjectStore:
         tmp.write_bytes(data)
         os.replace(tmp, path)
 
+    def put_new(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Written whole under a private name, then hard-linked: link(2) fails if the name
+        # exists, so of two writers one wins, and a reader never sees a half-written object.
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        try:
+            tmp.write_bytes(data)
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True
+
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 

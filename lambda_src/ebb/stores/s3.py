@@ -168,6 +168,20 @@ class S3ObjectStore:
         except (ClientError, BotoCoreError, S3UploadFailedError) as exc:
             raise self._error("PutObject", key, exc) from exc
 
+    def put_new(self, key: str, data: bytes) -> bool:
+        """A conditional PUT (``If-None-Match: *``): S3 refuses it with 412 when the key
+        exists, and with 409 when a concurrent conditional PUT of the key is in flight."""
+        full = self._key(key)
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*")
+        except ClientError as exc:
+            if self._code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                return False
+            raise self._error("PutObject", key, exc) from exc
+        except BotoCoreError as exc:
+            raise self._error("PutObject", key, exc) from exc
+        return True
+
     def exists(self, key: str) -> bool:
         full = self._key(key)
         try:
