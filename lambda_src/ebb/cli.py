@@ -173,33 +173,57 @@ def _train_locked(args, spec, out, data, has_manifest: bool) -> int:
 def _train_spec(args):
     """The job spec from the job file and flags, or from OUT/checkpoints with --resume."""
     from ebb.flags import given
-    from ebb.spec import JobSpec, SpecError, load_spec
+    from ebb.spec import SpecError, load_spec
 
     flags = _spec_flags(args)
     overrides = given(args, flags)
     if args.resume:
-        from ebb.ports.keys import SPEC_KEY
-        from ebb.stores import join_location, open_object_store
-
         named = [f.option for f in flags if overrides[f.field] is not None] + [f"--set {a}" for a in args.assignments]
         if args.job or named:
             extra = named[0] if named else f"the job file {args.job}"
             print(f"ebb train: --resume continues a job exactly as it started: drop {extra}", file=sys.stderr)
             return None
-        try:
-            raw = open_object_store(join_location(args.resume, "checkpoints")).get(SPEC_KEY)
-        except KeyError:
-            print(
-                f"ebb train: --resume: {args.resume} holds no checkpoints of a job (no checkpoints/{SPEC_KEY})",
-                file=sys.stderr,
-            )
-            return None
-        return JobSpec.model_validate_json(raw)
+        return _resume_spec(args.resume)
     try:
         return load_spec(args.job, overrides, args.assignments)
     except SpecError as exc:
         print(f"ebb train: {exc}", file=sys.stderr)
         return None
+
+
+def _resume_spec(location: str):
+    """The spec of the job in ``location`` (its ``checkpoints/spec.json``), with ``out``
+    set to ``location`` itself: a copied or moved run folder continues where it now is,
+    from any directory. None (after one line on stderr) if there is no such job."""
+    from pydantic import ValidationError
+
+    from ebb.ports.keys import SPEC_KEY
+    from ebb.ports.objects import is_s3
+    from ebb.spec import JobSpec
+    from ebb.stores import join_location, open_object_store
+
+    def refuse(message: str) -> None:
+        print(f"ebb train: --resume: {message}", file=sys.stderr)
+
+    if not is_s3(location) and Path(location).exists() and not Path(location).is_dir():
+        return refuse(f"{location} is a file; give the folder of the run to continue (its --out)")
+    where = f"{location.rstrip('/')}/checkpoints/{SPEC_KEY}"
+    try:
+        raw = open_object_store(join_location(location, "checkpoints")).get(SPEC_KEY)
+    except KeyError:
+        return refuse(f"{location} holds no checkpoints of a job (no checkpoints/{SPEC_KEY})")
+    except (ValueError, OSError) as exc:
+        return refuse(f"{where}: cannot be read: {exc}")
+    try:
+        spec = JobSpec.model_validate_json(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "the file"
+        return refuse(
+            f"{where} is not the spec of a job this version can continue ({field}: {err['msg']}); "
+            "was it edited? start the job again instead"[:400]
+        )
+    return spec.model_copy(update={"out": location})
 
 
 def _print_summary(report: dict, out: str) -> None:

@@ -521,6 +521,10 @@ def load_spec(
             text = Path(path).read_text()
         except OSError as exc:
             raise SpecError(f"{path}: cannot read job file: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:  # a binary file named as the job file
+            raise SpecError(
+                f"{path}: not a text file (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
+            ) from None
     try:
         doc = yaml.safe_load(text) if text else {}
     except yaml.YAMLError as exc:

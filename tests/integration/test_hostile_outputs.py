@@ -8,6 +8,9 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from ebb.ports.keys import LOCK_KEY
 
@@ -43,7 +46,7 @@ FAST = ["--model", "pmf", "--workers", "1", "--policy", "none", "--seed", "1", "
 def test_two_jobs_started_together_on_one_out_one_is_refused_the_other_untouched(small_ratings, tmp_path):
     data_dir, _ = small_ratings
     out = tmp_path / "run"
-    flags = [*FAST, "--data", data_dir, "--out", str(out), "--max-epochs", "6"]
+    flags = [*FAST, "--data", data_dir, "--out", str(out), "--max-epochs", "2"]
     a, b = _ebb("train", *flags), _ebb("train", *flags)
     results = [(p.wait(timeout=120), *p.communicate()) for p in (a, b)]
     codes = sorted(r[0] for r in results)
@@ -69,3 +72,99 @@ def test_a_dead_owner_is_named_and_resume_offered(small_ratings, tmp_path):
     line = _one_line(refused.stderr)
     assert "no longer running" in line and f"ebb train --resume {out}" in line
     assert sorted(p.name for p in out.iterdir()) == [LOCK_KEY]  # nothing written
+
+
+# -- 2. --resume X continues X, from anywhere --------------------------------------------
+class _CtrlCAt:
+    """A metrics sink that presses Ctrl-C when the job closes step ``at``."""
+
+    def __init__(self, at: int):
+        self.at = at
+
+    def step(self, record: dict) -> None:
+        if record["step"] >= self.at:
+            raise KeyboardInterrupt
+
+    def close(self, report: dict) -> None:
+        pass
+
+
+def _interrupted_run(data: str, out: Path) -> None:
+    from ebb.local.runner import JobFailed, run_local
+    from ebb.spec import load_spec
+
+    spec = load_spec(
+        overrides={
+            "model": "pmf",
+            "data": data,
+            "out": str(out),
+            "workers": 1,
+            "scaling.policy": "none",
+            "hyper.rank": 4,
+            "stop.max_epochs": 3,
+            "round_steps": 4,
+        }
+    )
+    with pytest.raises(JobFailed):
+        run_local(spec, _CtrlCAt(9))
+
+
+def test_a_copied_run_folder_resumes_into_the_copy_from_another_directory(small_ratings, tmp_path, monkeypatch):
+    data_dir, _ = small_ratings
+    monkeypatch.chdir(Path(data_dir).parent)  # the job names its data relative to here
+    _interrupted_run(Path(data_dir).name, tmp_path / "run")
+    subprocess.run(["cp", "-a", str(tmp_path / "run"), str(tmp_path / "run-copy")], check=True)
+    original = {p.relative_to(tmp_path / "run"): p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    resumed = _run("train", "--resume", "../run-copy", cwd=elsewhere)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((tmp_path / "run-copy" / "report.json").read_text())["status"] == "max_epochs"
+    assert (tmp_path / "run-copy" / "model.npz").exists()
+    now = {p.relative_to(tmp_path / "run"): p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    assert now == original  # the folder it was copied from is untouched
+
+
+def test_resume_before_the_first_round_completed_starts_from_the_beginning(small_ratings, tmp_path):
+    data_dir, _ = small_ratings
+    from ebb.spec import load_spec
+
+    spec = load_spec(overrides={"model": "pmf", "data": data_dir, "workers": 1, "hyper.rank": 4, "stop.max_epochs": 1})
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "spec.json").write_text(spec.model_dump_json())  # killed in round 0
+    resumed = _run("train", "--resume", str(tmp_path / "run"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["status"] == "max_epochs"
+
+
+def test_every_resume_error_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("x")
+    edited = tmp_path / "edited" / "checkpoints"
+    edited.mkdir(parents=True)
+    (edited / "spec.json").write_text('{"model": "nope", "workers": "many"}')
+    garbled = tmp_path / "garbled" / "checkpoints"
+    garbled.mkdir(parents=True)
+    (garbled / "spec.json").write_bytes(b"\x00\xff{")
+    (tmp_path / "binary.yaml").write_bytes(bytes(range(256)))
+    cases = {
+        ("--resume", str(tmp_path / "file")): "is a file",
+        ("--resume", str(tmp_path / "edited")): "is not the spec of a job this version can continue (model",
+        ("--resume", str(tmp_path / "garbled")): "is not the spec of a job",
+        (str(tmp_path / "binary.yaml"),): "not a text file (byte 0x80",
+    }
+    for args, expected in cases.items():
+        result = _run("train", *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert expected in _one_line(result.stderr), (args, result.stderr)
+
+
+def test_a_manifest_of_the_wrong_shape_is_one_line(small_ratings, tmp_path):
+    """Every shape is in tests/unit/test_hostile.py; here the whole command, once."""
+    data_dir, _ = small_ratings
+    subprocess.run(["cp", "-a", data_dir, str(tmp_path / "data")], check=True)
+    manifest = tmp_path / "data" / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "num_users": "500"}))
+    result = _run("train", *FAST, "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run"))
+    assert result.returncode == 2
+    line = _one_line(result.stderr)
+    assert "manifest.json is corrupt" in line and 'num_users: expected int, found "500"' in line, line

@@ -34,10 +34,10 @@ from ebb.engine.preflight import check_outputs, preflight
 from ebb.engine.supervisor import Supervisor
 from ebb.engine.worker import Worker
 from ebb.local.redis_server import RedisServer, die_with_parent
-from ebb.ports.keys import LATEST_KEY, SPEC_KEY
+from ebb.ports.keys import SPEC_KEY
 from ebb.ports.launcher import WorkerStart
 from ebb.ports.metrics import MetricsSink
-from ebb.ports.objects import ObjectStore
+from ebb.ports.objects import ObjectStore, is_s3
 from ebb.ports.signals import SignalChannel
 from ebb.ports.updates import UpdateStore
 from ebb.spec import JobSpec
@@ -422,16 +422,14 @@ def run_local(
 
 def _first_round(spec: JobSpec, checkpoints: ObjectStore, resume: bool) -> int:
     """The round to run first: after the last complete one when resuming, else 0 (and the
-    checkpoints of an earlier run in the same place are cleared)."""
+    checkpoints of an earlier run in the same place are cleared). A job resumed before its
+    first round completed starts from the beginning: nothing of it was kept."""
     done = checkpoint.latest(checkpoints)
-    if resume:
-        if done is None:
-            raise EngineError(
-                "nothing to resume: no round of this job was completed "
-                f"(no {LATEST_KEY} in {checkpoints_location(spec)})"
-            )
+    if resume and done is not None:
         return done["round"] + 1
     for key in checkpoints.list():
         checkpoints.delete(key)
-    checkpoints.put(SPEC_KEY, spec.model_dump_json(indent=2).encode())
+    # The dataset by its absolute path: `ebb train --resume OUT` works from any directory.
+    stored = spec if is_s3(spec.data) else spec.model_copy(update={"data": os.path.abspath(spec.data)})
+    checkpoints.put(SPEC_KEY, stored.model_dump_json(indent=2).encode())
     return 0
