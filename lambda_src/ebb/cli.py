@@ -125,7 +125,6 @@ def _train_locked(args, spec, out, data, has_manifest: bool) -> int:
     import torch
 
     from ebb.catalogue import entry
-    from ebb.engine.outputs import write_outputs
     from ebb.engine.preflight import PreflightError
     from ebb.local.progress import ProgressSink
     from ebb.local.runner import JobFailed, run_local
@@ -162,12 +161,71 @@ def _train_locked(args, spec, out, data, has_manifest: bool) -> int:
     except JobFailed as exc:  # a crash, Ctrl-C or SIGTERM: still leave a report behind
         sink.close({})
         report = exc.report
+    except (Exception, KeyboardInterrupt) as exc:  # outside the rounds (finalize, a full disk...): the same
+        sink.close({})
+        _debug_traceback()
+        report = {
+            "status": "failed",
+            "error": one_line(exc) if not isinstance(exc, KeyboardInterrupt) else "interrupted",
+        }
     if report["status"] == "failed":
         report["wall_seconds"] = round(time.monotonic() - started, 3)
         report["spec"] = spec.model_dump(mode="json")
-        write_outputs(out, report, None)
+        if not _write_failed_report(out, report):
+            _print_summary(report, None)
+            return 1
     _print_summary(report, spec.out_location)
     return 0 if report["status"] != "failed" else 1
+
+
+def _write_failed_report(out, report: dict) -> bool:
+    """The failed report, which a second Ctrl-C does not cut short; if it cannot be written
+    (a full disk, an unwritable folder) the reason joins the one-line summary."""
+    import signal
+
+    from ebb.engine.outputs import write_outputs
+    from ebb.ports.keys import MODEL_KEY
+
+    report["model"] = None  # no model was written by this job
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+    try:
+        out.delete(MODEL_KEY)  # never beside another run's model (ours has none)
+        write_outputs(out, report, None)
+    except OSError as exc:
+        report["error"] = f"{report.get('error')}; the failed report could not be written either ({one_line(exc)})"
+        return False
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    return True
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def one_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception as one line of at most ``limit`` characters: its message, or its type
+    when the message says nothing."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if not isinstance(exc, (ValueError, OSError, RuntimeError)) or text == type(exc).__name__:
+        text = f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _debugging() -> bool:
+    import os
+
+    return os.environ.get("EBB_DEBUG", "") not in ("", "0")
+
+
+def _debug_traceback() -> None:
+    if _debugging():
+        import traceback
+
+        traceback.print_exc()
 
 
 def _train_spec(args):
@@ -226,7 +284,7 @@ def _resume_spec(location: str):
     return spec.model_copy(update={"out": location})
 
 
-def _print_summary(report: dict, out: str) -> None:
+def _print_summary(report: dict, out: str | None) -> None:
     if report["status"] == "failed":
         print(f"job failed: {report.get('error')}", file=sys.stderr)
     else:
@@ -242,7 +300,8 @@ def _print_summary(report: dict, out: str) -> None:
         if "cost" in report:
             line += f"; est. AWS cost ${report['cost']['total_usd']:.4f}"
         print(line)
-    print(f"report: {out.rstrip('/')}/report.json")
+    if out is not None:
+        print(f"report: {out.rstrip('/')}/report.json")
 
 
 SYNTH_PRESETS = ("ml-100k", "ml-latest-small", "ml-10m")  # ebb.data.synth.RATING_PRESETS (imported lazily)
@@ -566,18 +625,37 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ebb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--debug", action="store_true", help="print the full traceback of an error (also EBB_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{synth,prepare,train,spec,submit,watch,report}")
     _add_synth(sub)
     _add_prepare(sub)
     _add_train(sub)
     _add_spec(sub)
     _add_aws(sub)
+    for command in sub.choices.values():  # `ebb train ... --debug` as well as `ebb --debug train ...`
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every command behind one guard: whatever escapes is one line on stderr (exit 1; 130
+    for Ctrl-C), the traceback only under ``--debug`` or ``EBB_DEBUG=1``."""
+    import os
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    if args.debug:
+        os.environ["EBB_DEBUG"] = "1"
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        _debug_traceback()
+        print(f"ebb {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        _debug_traceback()
+        hint = "" if _debugging() else " (--debug shows where)"
+        print(f"ebb {args.command}: {one_line(exc)}{hint}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from ebb.ports.keys import LOCK_KEY
 def _ebb(*args, cwd=None, env=None, **kwargs) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "ebb.cli", *args],
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        env={k: v for k, v in {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}.items() if v is not None},
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -168,3 +168,84 @@ def test_a_manifest_of_the_wrong_shape_is_one_line(small_ratings, tmp_path):
     assert result.returncode == 2
     line = _one_line(result.stderr)
     assert "manifest.json is corrupt" in line and 'num_users: expected int, found "500"' in line, line
+
+
+# -- 3. one guard around every command -----------------------------------------------------
+def test_an_unexpected_error_is_one_line_and_its_traceback_only_under_debug(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "report.json").write_text("{}")  # a report without a status: a KeyError inside
+    plain = _run("report", str(run))
+    assert plain.returncode == 1
+    assert "KeyError: 'status'" in _one_line(plain.stderr) and "--debug" in plain.stderr
+    debug = _run("report", str(run), env={"EBB_DEBUG": "1"})
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
+    flag = _run("report", str(run), "--debug")
+    assert flag.returncode == 1 and "Traceback" in flag.stderr
+
+
+def test_an_unwritable_out_and_s3_without_credentials_are_one_line(small_ratings, tmp_path):
+    data_dir, _ = small_ratings
+    (tmp_path / "file").write_text("x")
+    under_file = _run("train", *FAST, "--data", data_dir, "--out", str(tmp_path / "file" / "run"))
+    assert under_file.returncode == 2 and "cannot write to" in _one_line(under_file.stderr)
+    bare = {k: None for k in os.environ if k.startswith("AWS_")}
+    no_credentials = {
+        **bare,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_DEFAULT_REGION": "eu-west-1",
+    }
+    s3 = _run("train", *FAST, "--data", data_dir, "--out", "s3://ebb-nowhere/run", env=no_credentials)
+    assert s3.returncode == 2 and "s3://ebb-nowhere/run" in _one_line(s3.stderr), s3.stderr
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 512 KiB tmpfs filled but for ``room`` bytes (root only: mounting needs it)."""
+    if os.geteuid() != 0:
+        pytest.skip("a full disk is a small tmpfs, and mounting one needs root")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], check=True)
+
+    def fill(room: int) -> Path:
+        with open(mount / "filler", "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError:
+                pass
+        os.truncate(mount / "filler", max(0, os.path.getsize(mount / "filler") - room))
+        return mount
+
+    try:
+        yield fill
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.rglob("*") if ".tmp" in p.name)
+
+
+def test_a_full_disk_during_training_fails_with_a_report_or_its_reason_and_no_temp_files(small_ratings, full_disk):
+    data_dir, _ = small_ratings
+    disk = full_disk(8192)  # the lock fits; a checkpoint does not
+    result = _run("train", *FAST, "--data", data_dir, "--out", str(disk / "run"), "--max-epochs", "2")
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    failed = [line for line in result.stderr.splitlines() if line.startswith("job failed:")]
+    assert failed and "No space left on device" in failed[0] and "cannot write" in failed[0], result.stderr
+    assert _leftovers(disk) == [] and not (disk / "run" / LOCK_KEY).exists()
+
+
+def test_a_full_disk_during_prepare_names_the_object_and_leaves_no_temp_files(small_ratings, full_disk):
+    _, meta = small_ratings
+    disk = full_disk(0)
+    result = _run("prepare", "--format", "movielens", "--input", meta["path"], "--out", str(disk / "ds"))
+    assert result.returncode == 1
+    line = result.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in result.stderr and "No space left on device" in line and str(disk / "ds") in line, line
+    assert _leftovers(disk) == []

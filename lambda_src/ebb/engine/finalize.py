@@ -131,7 +131,8 @@ def build_report(
 def failure_report(spec: JobSpec, state: SupervisorState, error: str, *, failed_in_round: int) -> dict[str, Any]:
     """A ``failed`` report of a job as far as ``state`` got: the cause, steps, history."""
     report = build_report(spec, state, {}, 0.0)
-    report.update({"status": "failed", "error": error, "failed_in_round": failed_in_round})
+    # No model is written for a failed job: the report must not say there is one.
+    report.update({"status": "failed", "error": error, "failed_in_round": failed_in_round, "model": None})
     report.pop("finalize_seconds", None)
     return report
 

@@ -229,6 +229,11 @@ class _StopSignals:
             signal.signal(signum, handler)
 
     def _handle(self, signum, frame):
+        if self.received is not None:
+            # A second Ctrl-C while the first unwinds would cut the clean-up short (a child
+            # left running, a report half written); the first is already on its way, and
+            # ``pending()`` hands it on again should it have been lost.
+            return
         self.received = Terminated("terminated (SIGTERM)") if signum == signal.SIGTERM else KeyboardInterrupt()
         raise self.pending()
 
