@@ -383,6 +383,7 @@ def _prepare_flags():
         Flag("skip_bad_rows"),
         Flag("num_features"),
         Flag("numeric_scaling"),
+        Flag("max_dimension"),
     )
 
 

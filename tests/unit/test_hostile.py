@@ -39,3 +39,100 @@ def test_a_manifest_of_the_wrong_shape_names_its_first_wrong_field(edit, expecte
     assert Manifest.from_json(json.dumps(GOOD)).num_users == 3
     with pytest.raises(ValueError, match=expected.replace("[", r"\[").replace("]", r"\]")):
         Manifest.from_json(json.dumps(edit(GOOD)))
+
+
+# -- values checked in the type they are stored in; bounded dimensions --------------------
+def _prepare(tmp_path, fmt: str, text: str, name: str = "input", **kwargs):
+    from ebb.data.prepare import prepare_dataset
+    from ebb.stores.local import FolderObjectStore
+
+    path = tmp_path / name
+    path.write_text(text)
+    return prepare_dataset(fmt, path, FolderObjectStore(tmp_path / "ds"), batch_size=2, test_fraction=0.0, **kwargs)
+
+
+CRITEO_ROW = "1\t" + "\t".join(["5"] * 13) + "\t" + "\t".join(["a1b2"] * 26) + "\n"
+
+
+@pytest.mark.parametrize(
+    "fmt, name, rows, bad_line, expected",
+    [
+        (
+            "libsvm",
+            "x.svm",
+            "1 1:0.5\n0 2:1e39\n1 3:1\n",
+            2,
+            "feature value '1e39' is out of range: it is stored as float32",
+        ),
+        ("csv", "x.csv", "label,a,b\n1,0.5,1\n0,-1e39,2\n1,3,4\n", 3, "column 'a' value '-1e39' is out of range"),
+        ("criteo", "x.tsv", CRITEO_ROW + CRITEO_ROW.replace("\t5\t", "\t1e39\t", 1) + CRITEO_ROW, 2, "I1 value '1e39'"),
+        (
+            "movielens",
+            "u.data",
+            "1\t2\t3\t0\n123456789012345678901234567890\t2\t3\t0\n3\t4\t5\t0\n",
+            2,
+            "user id '123456789012345678901234567890' is out of range (a 64-bit integer)",
+        ),
+        ("movielens", "u.data", "1\t2\t3\t0\n2\t1e300\t3\t0\n3\t4\t5\t0\n", 2, "item id '1e300' is out of range"),
+    ],
+)
+def test_a_value_that_does_not_fit_its_stored_type_is_refused_with_file_and_line(
+    tmp_path, fmt, name, rows, bad_line, expected
+):
+    """Before: 1e39 became +inf (or zeroed a CSV column); a 30-digit id wrapped to INT64_MIN."""
+    from ebb.data.readers import DataError
+
+    with pytest.raises(DataError) as info:
+        _prepare(tmp_path, fmt, rows, name)
+    assert str(info.value).startswith(f"{tmp_path / name}:{bad_line}: ") and expected in str(info.value)
+
+
+def test_ids_just_inside_int64_are_kept_exactly_not_wrapped(tmp_path):
+    from ebb.data.format import decode_batch
+    from ebb.data.prepare import ID_MAP_KEY
+    from ebb.stores.local import FolderObjectStore
+
+    big = 2**63 - 1
+    _prepare(tmp_path, "movielens", f"1\t2\t3\t0\n{big}\t2\t4\t0\n3\t{big - 1}\t5\t0\n", "u.data")
+    ids = decode_batch(FolderObjectStore(tmp_path / "ds").get(ID_MAP_KEY))
+    assert big in ids["user"].tolist() and big - 1 in ids["item"].tolist()
+
+
+def test_dimensions_are_bounded_by_max_dimension(tmp_path):
+    from ebb.data.readers import DataError
+
+    with pytest.raises(DataError, match=r"x.svm:2: feature index 2147483000 is out of range \[0, 16777215\]"):
+        _prepare(tmp_path, "libsvm", "1 1:1\n0 2147483000:1\n", "x.svm")
+    with pytest.raises(DataError, match=r"more than 3 distinct users by this line \(prepare.max_dimension"):
+        _prepare(tmp_path, "movielens", "".join(f"{u}\t1\t3\t0\n" for u in range(6)), "u.data", max_dimension=3)
+    assert _prepare(tmp_path, "libsvm", "1 1:1\n0 40:1\n", "y.svm", max_dimension=41).num_features == 41
+
+
+def test_a_ten_megabyte_line_makes_a_short_error(tmp_path):
+    from ebb.data.readers import DataError
+
+    with pytest.raises(DataError) as info:
+        _prepare(tmp_path, "libsvm", "1 1:1\n0 1:" + "9" * 10_000_000 + "x\n", "x.svm")
+    assert len(str(info.value)) <= 200 and ":2: " in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "dims, expected",
+    [
+        ({"kind": "sparse", "format": "libsvm", "num_features": 2_147_483_000}, "needs about 49,893 MB"),
+        ({"num_users": 100_000_000_000}, "needs about"),
+    ],
+)
+def test_preflight_refuses_a_model_that_cannot_fit_a_workers_memory(tmp_path, dims, expected):
+    """Before: 2.1e9 features tried 8.6 GB per worker; num_users 1e11 an 8.4 TB allocation."""
+    from ebb.engine.preflight import PreflightError, preflight
+    from ebb.spec import load_spec
+    from ebb.stores.local import FolderObjectStore
+
+    store = FolderObjectStore(tmp_path)
+    store.put("manifest.json", json.dumps({**GOOD, **dims}).encode())
+    store.put("train/part-000000", b"")
+    model = "sparse_lr" if dims.get("kind") == "sparse" else "pmf"
+    spec = load_spec(overrides={"model": model, "data": str(tmp_path)})
+    with pytest.raises(PreflightError, match=f"^aws.memory_mb: a worker of this job {expected}"):
+        preflight(spec, store)
