@@ -249,3 +249,16 @@ def test_a_full_disk_during_prepare_names_the_object_and_leaves_no_temp_files(sm
     line = result.stderr.strip().splitlines()[-1]
     assert "Traceback" not in result.stderr and "No space left on device" in line and str(disk / "ds") in line, line
     assert _leftovers(disk) == []
+
+
+# -- 4. values that do not fit their stored type -----------------------------------------
+def test_prepare_refuses_a_1e39_value_and_a_30_digit_id_in_one_line(tmp_path):
+    (tmp_path / "x.svm").write_text("1 1:0.5\n0 2:1e39\n1 3:1\n")
+    (tmp_path / "u.data").write_text("1\t2\t3\t0\n123456789012345678901234567890\t2\t3\t0\n3\t4\t5\t0\n")
+    for fmt, name, expected in (
+        ("libsvm", "x.svm", "x.svm:2: feature value '1e39' is out of range: it is stored as float32"),
+        ("movielens", "u.data", "u.data:2: user id '123456789012345678901234567890' is out of range"),
+    ):
+        result = _run("prepare", "--format", fmt, "--input", str(tmp_path / name), "--out", str(tmp_path / fmt))
+        assert result.returncode == 2 and expected in _one_line(result.stderr), result.stderr
+        assert not (tmp_path / fmt / "manifest.json").exists()

@@ -136,3 +136,11 @@ def test_preflight_refuses_a_model_that_cannot_fit_a_workers_memory(tmp_path, di
     spec = load_spec(overrides={"model": model, "data": str(tmp_path)})
     with pytest.raises(PreflightError, match=f"^aws.memory_mb: a worker of this job {expected}"):
         preflight(spec, store)
+
+
+def test_skipped_ten_megabyte_lines_keep_the_manifest_small(tmp_path):
+    manifest = _prepare(
+        tmp_path, "libsvm", "1 1:1\n" * 4 + ("0 1:" + "9" * 10_000_000 + "x\n") * 3, "x.svm", skip_bad_rows=True
+    )
+    assert manifest.source["skipped_rows"] == 3
+    assert len((tmp_path / "ds" / "manifest.json").read_bytes()) < 10_000
