@@ -89,7 +89,7 @@ class _CtrlCAt:
         pass
 
 
-def _interrupted_run(data: str, out: Path) -> None:
+def _interrupted_run(data: str, out: Path, workers: int = 1) -> None:
     from ebb.local.runner import JobFailed, run_local
     from ebb.spec import load_spec
 
@@ -98,7 +98,7 @@ def _interrupted_run(data: str, out: Path) -> None:
             "model": "pmf",
             "data": data,
             "out": str(out),
-            "workers": 1,
+            "workers": workers,
             "scaling.policy": "none",
             "hyper.rank": 4,
             "stop.max_epochs": 3,
@@ -262,3 +262,23 @@ def test_prepare_refuses_a_1e39_value_and_a_30_digit_id_in_one_line(tmp_path):
         result = _run("prepare", "--format", fmt, "--input", str(tmp_path / name), "--out", str(tmp_path / fmt))
         assert result.returncode == 2 and expected in _one_line(result.stderr), result.stderr
         assert not (tmp_path / fmt / "manifest.json").exists()
+
+
+# -- 5. a corrupt checkpoint fails the resume, naming the file ------------------------------
+def test_a_checkpoint_with_a_flipped_byte_fails_the_resume_in_one_line_naming_it(small_ratings, tmp_path):
+    """Before: its worker failed the CRC at start-up, was evicted as "exited with code 1",
+    and the job finished with half its workers."""
+    data_dir, _ = small_ratings
+    _interrupted_run(data_dir, tmp_path / "run", workers=2)
+    latest = json.loads((tmp_path / "run" / "checkpoints" / "latest.json").read_text())
+    victim = tmp_path / "run" / "checkpoints" / f"round-{latest['round']:06d}" / "worker-000001.npz"
+    blob = bytearray(victim.read_bytes())
+    blob[len(blob) // 2] ^= 0x40
+    victim.write_bytes(bytes(blob))
+    resumed = _run("train", "--resume", str(tmp_path / "run"))
+    assert resumed.returncode == 1, resumed.stderr
+    assert "Traceback" not in resumed.stderr and "exited with code" not in resumed.stderr
+    failed = next(line for line in resumed.stderr.splitlines() if line.startswith("job failed:"))
+    assert f"checkpoint {victim} is corrupt" in failed, failed
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["status"] == "failed" and report["model"] is None and not report.get("scale_events")

@@ -144,3 +144,29 @@ def test_skipped_ten_megabyte_lines_keep_the_manifest_small(tmp_path):
     )
     assert manifest.source["skipped_rows"] == 3
     assert len((tmp_path / "ds" / "manifest.json").read_bytes()) < 10_000
+
+
+# -- checkpoints -------------------------------------------------------------------------
+def test_checkpoints_carry_a_checksum_that_catches_what_the_zip_does_not(tmp_path):
+    import numpy as np
+
+    from ebb.data.format import encode_batch
+    from ebb.engine import checkpoint
+    from ebb.engine.errors import CheckpointError
+    from ebb.stores.local import FolderObjectStore
+
+    store = FolderObjectStore(tmp_path)
+    checkpoint.write_worker(store, "w.npz", {"step": 3}, {"param.x": np.arange(4, dtype=np.float32)})
+    meta, arrays = checkpoint.read_worker(store, "w.npz")
+    assert meta["step"] == 3 and len(meta["sha256"]) == 64
+    # Rewritten whole (zip CRCs and all) with other numbers under the old metadata: only the checksum knows.
+    raw_meta = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    store.put("other.npz", encode_batch({"param.x": np.arange(1, 5, dtype=np.float32), "meta": raw_meta}))
+    with pytest.raises(CheckpointError, match=r"other.npz is corrupt \(its arrays do not match the checksum"):
+        checkpoint.read_worker(store, "other.npz")
+    store.put("latest.json", b"{not json")
+    with pytest.raises(CheckpointError, match=r"latest.json is corrupt \(JSONDecodeError"):
+        checkpoint.latest(store)
+    store.put("round-000001/supervisor.json", b"[]")
+    with pytest.raises(CheckpointError, match=r"round-000001/supervisor.json is corrupt \(ValidationError"):
+        checkpoint.read_supervisor(store, 1)

@@ -52,6 +52,9 @@ from ebb.spec import JobSpec
 REPORT_POLL_S = 0.5
 
 
+LAST_WORD_S = 0.2  # how long to listen for a lost worker's last report before giving up on it
+
+
 class Supervisor:
     """One round of a job's control loop, started from the state the last round saved."""
 
@@ -335,6 +338,12 @@ class Supervisor:
             now=wall,
         )
         if not lost:
+            return
+        if late := self.signals.next_reports(LAST_WORD_S):
+            # A worker that exited may have said why just before (a corrupt checkpoint at
+            # start-up): its report decides, not its exit code. Judge again at the next poll.
+            for r in late:
+                self._take(r)
             return
         failures.on_loss(
             lost,

@@ -32,7 +32,7 @@ from ebb.engine.errors import EngineError, RoundLost
 from ebb.engine.finalize import finalize
 from ebb.engine.preflight import check_outputs, preflight
 from ebb.engine.supervisor import Supervisor
-from ebb.engine.worker import Worker
+from ebb.engine.worker import Worker, start_worker
 from ebb.local.redis_server import RedisServer, die_with_parent
 from ebb.ports.keys import SPEC_KEY
 from ebb.ports.launcher import WorkerStart
@@ -80,7 +80,7 @@ def _worker_process(
     # More workers than cores is the norm locally: let the barrier's other parties run first.
     os.nice(WORKER_NICENESS)
     try:
-        Worker(
+        start_worker(
             spec,
             start,
             data=open_object_store(spec.data),
@@ -88,8 +88,9 @@ def _worker_process(
             updates=RedisUpdateStore(urls, job),
             signals=RedisSignalChannel(urls[0], job, start.round),
         ).run()
-    except Exception:  # already reported to the supervisor, in one line; the traceback is for the log
-        traceback.print_exc()
+    except Exception:  # already reported to the supervisor, in one line; the traceback is for debugging
+        if os.environ.get("EBB_DEBUG", "") not in ("", "0"):
+            traceback.print_exc()
         raise SystemExit(1) from None
 
 
@@ -173,13 +174,14 @@ class ThreadLauncher:
     def launch(self, start: WorkerStart) -> None:
         def body():
             try:
-                worker = self.worker_cls(
+                worker = start_worker(
                     self.spec,
                     start,
                     data=self.data,
                     checkpoints=self.checkpoints,
                     updates=self.updates,
                     signals=self.signals,
+                    worker_cls=self.worker_cls,
                 )
                 self.workers[start.worker] = worker
                 worker.run()

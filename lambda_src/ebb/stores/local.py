@@ -56,6 +56,9 @@ class FolderObjectStore:
             tmp.unlink(missing_ok=True)
         return True
 
+    def locate(self, key: str) -> str:
+        return str(self.root / key)
+
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 

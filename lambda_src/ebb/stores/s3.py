@@ -101,6 +101,9 @@ class S3ObjectStore:
         """``s3://bucket/prefix/key`` (the store's own URL for an empty key)."""
         return f"s3://{self.bucket}/{self._full(key)}" if key else f"s3://{self.bucket}/{self.prefix}".rstrip("/")
 
+    def locate(self, key: str) -> str:
+        return self.url(key)
+
     def _full(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
