@@ -170,3 +170,21 @@ def test_checkpoints_carry_a_checksum_that_catches_what_the_zip_does_not(tmp_pat
     store.put("round-000001/supervisor.json", b"[]")
     with pytest.raises(CheckpointError, match=r"round-000001/supervisor.json is corrupt \(ValidationError"):
         checkpoint.read_supervisor(store, 1)
+
+
+def test_wall_seconds_and_cost_count_restarted_attempts():
+    """Before: a round run again cost nothing and took no time in report.json."""
+    from ebb.engine.finalize import build_report, failure_report
+    from ebb.engine.state import SupervisorState
+    from ebb.spec import load_spec
+
+    spec = load_spec(overrides={"model": "pmf", "data": "d", "workers": 4})
+    state = SupervisorState.initial(spec)
+    state.elapsed, state.worker_seconds = 100.0, 400.0
+    plain = build_report(spec, state, {}, 0.0)
+    state.faults = [{"round": 1, "restart": 1, "reason": "r", "recovery": "x", "attempt_seconds": 50.0, "workers": 4}]
+    counted = build_report(spec, state, {}, 0.0)
+    assert plain["wall_seconds"] == 100.0 and counted["wall_seconds"] == 150.0
+    assert counted["totals"]["worker_seconds"] == 600.0
+    assert counted["cost"]["total_usd"] > plain["cost"]["total_usd"]
+    assert plain["model"] == "merged" and failure_report(spec, state, "x", failed_in_round=1)["model"] is None

@@ -374,6 +374,7 @@ def run_local(
                     )
                 else:
                     launcher = ProcessLauncher(spec, backend.urls, backend.job, child_setup)
+                attempt_started = time.monotonic()
                 try:
                     supervisor = Supervisor(
                         spec,
@@ -400,6 +401,8 @@ def run_local(
                             f"{reason}; rounds were restarted {spec.faults.max_restarts} times "
                             "already (faults.max_restarts)"
                         ) from None
+                    attempt_s = time.monotonic() - attempt_started  # paid for, then thrown away
+                    members = len(supervisor.state.members) if supervisor is not None else spec.workers
                     how = backend.renew(restarts, store_lost)
                     faults = faults + [
                         {
@@ -407,6 +410,8 @@ def run_local(
                             "restart": restarts,
                             "reason": reason,
                             "recovery": f"{how}; the round ran again from its checkpoints",
+                            "attempt_seconds": round(attempt_s, 3),
+                            "workers": members,
                         }
                     ]
                     continue
