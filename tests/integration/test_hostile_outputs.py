@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -282,3 +283,43 @@ def test_a_checkpoint_with_a_flipped_byte_fails_the_resume_in_one_line_naming_it
     assert f"checkpoint {victim} is corrupt" in failed, failed
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["status"] == "failed" and report["model"] is None and not report.get("scale_events")
+
+
+def test_a_double_ctrl_c_still_stops_everything_and_leaves_a_failed_report(small_ratings, tmp_path):
+    """Before: a second Ctrl-C 0.3-2.5 s after the first cut the clean-up short (2 of 5
+    tries: a traceback, once "cannot unpack non-iterable int object")."""
+    import signal
+
+    import psutil
+
+    data_dir, _ = small_ratings
+    out = tmp_path / "run"
+    job = _ebb(
+        "train",
+        *FAST,
+        "--workers",
+        "2",
+        "--data",
+        data_dir,
+        "--out",
+        str(out),
+        "--max-epochs",
+        "500",
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (out / "checkpoints" / "spec.json").exists():
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.05)
+    time.sleep(1.5)  # its workers are training
+    family = psutil.Process(job.pid).children(recursive=True)
+    for pause in (0.5, 0):
+        os.killpg(job.pid, signal.SIGINT)
+        time.sleep(pause)
+    _, stderr = job.communicate(timeout=60)
+    assert job.returncode == 1 and "Traceback" not in stderr, stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "failed" and "interrupted" in report["error"] and report["model"] is None
+    _, alive = psutil.wait_procs(family, timeout=15)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+    assert not (out / LOCK_KEY).exists()
