@@ -207,11 +207,11 @@ def _main_thread() -> bool:
 
 
 def one_line(exc: BaseException, limit: int = 200) -> str:
-    """An exception as one line of at most ``limit`` characters: its message, or its type
-    when the message says nothing."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    if not isinstance(exc, (ValueError, OSError, RuntimeError)) or text == type(exc).__name__:
-        text = f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text
+    """An exception as one line of at most ``limit`` characters. Ebb's own errors (and the
+    OS's) say what is wrong in their message; any other is named by its type too."""
+    text = " ".join(str(exc).split())
+    if not text or not isinstance(exc, (ValueError, OSError, RuntimeError)):
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

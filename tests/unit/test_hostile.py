@@ -5,6 +5,7 @@ in tests/integration/test_hostile_outputs.py)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -188,3 +189,65 @@ def test_wall_seconds_and_cost_count_restarted_attempts():
     assert counted["totals"]["worker_seconds"] == 600.0
     assert counted["cost"]["total_usd"] > plain["cost"]["total_usd"]
     assert plain["model"] == "merged" and failure_report(spec, state, "x", failed_in_round=1)["model"] is None
+
+
+# -- the lock on OUT -----------------------------------------------------------------------
+@pytest.fixture(params=["folder", "s3"])
+def out_store(request, tmp_path, monkeypatch):
+    from ebb.stores.local import FolderObjectStore
+
+    if request.param == "folder":
+        yield FolderObjectStore(tmp_path / "run"), str(tmp_path / "run")
+        return
+    from moto import mock_aws
+
+    from ebb.stores.s3 import S3ObjectStore, s3_client
+
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    with mock_aws():
+        client = s3_client()
+        client.create_bucket(Bucket="ebb-lock", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+        yield S3ObjectStore("ebb-lock", "run", client=client), "s3://ebb-lock/run"
+
+
+def test_the_lock_on_out_admits_one_job_at_a_time_on_a_folder_and_on_s3(out_store):
+    from ebb.local.out_lock import OutLock, OutLocked
+    from ebb.ports.keys import LOCK_KEY
+
+    store, location = out_store
+    first, second = OutLock(store, location), OutLock(store, location)
+    first.acquire()
+    with pytest.raises(OutLocked, match=rf"^out: {location} is in use by another job \(pid {os.getpid()} on host"):
+        second.acquire()
+    with pytest.raises(OutLocked, match="in use"):  # a live owner is not taken over by a resume either
+        second.acquire(resume=True)
+    first.release()
+    assert not store.exists(LOCK_KEY)
+    second.acquire()
+    second.release()
+
+
+def test_a_dead_owners_lock_is_named_and_taken_over_only_by_a_resume(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    from ebb.local.out_lock import OutLock, OutLocked
+    from ebb.ports.keys import LOCK_KEY
+    from ebb.stores.local import FolderObjectStore
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    store = FolderObjectStore(tmp_path)
+    store.put(LOCK_KEY, json.dumps({"pid": gone.pid, "host": socket.gethostname(), "since": "then"}).encode())
+    with pytest.raises(OutLocked, match=rf"no longer running .*ebb train --resume {tmp_path}"):
+        OutLock(store, str(tmp_path)).acquire()
+    other_host = OutLock(FolderObjectStore(tmp_path / "b"), str(tmp_path / "b"))
+    other_host.out.put(LOCK_KEY, json.dumps({"pid": 1, "host": "elsewhere", "since": "then"}).encode())
+    with pytest.raises(OutLocked, match="on another host"):
+        other_host.acquire(resume=True)
+    taker = OutLock(store, str(tmp_path))
+    taker.acquire(resume=True)
+    assert json.loads(store.get(LOCK_KEY))["pid"] == os.getpid()
