@@ -105,6 +105,7 @@ def cmd_train(args) -> int:
     if not is_s3(spec.out_location) and Path(spec.out_location).exists() and not Path(spec.out_location).is_dir():
         print(f"ebb train: out: {spec.out_location} is a file; give --out a folder", file=sys.stderr)
         return 2
+    new_folder = not is_s3(spec.out_location) and not Path(spec.out_location).exists()
     lock = OutLock(out, spec.out_location)
     try:  # before anything is written to OUT: one job per folder
         lock.acquire(resume=bool(args.resume))
@@ -118,6 +119,8 @@ def cmd_train(args) -> int:
         return _train_locked(args, spec, out, data, has_manifest)
     finally:
         lock.release()
+        if new_folder and Path(spec.out_location).is_dir() and not any(Path(spec.out_location).iterdir()):
+            Path(spec.out_location).rmdir()  # refused before it wrote anything: leave no trace
 
 
 def _train_locked(args, spec, out, data, has_manifest: bool) -> int:

@@ -34,6 +34,23 @@ def _run(*args, timeout=120, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
 
 
+def _in_process(capsys, *args) -> subprocess.CompletedProcess:
+    """``ebb ARGS`` in this process (no interpreter or torch start-up: these tests stay fast;
+    a job's workers are still forked processes). Its exit code and output, as ``_run``'s."""
+    import torch
+
+    from ebb.cli import main
+
+    capsys.readouterr()
+    threads = torch.get_num_threads()
+    try:
+        code = main(list(args))
+    finally:
+        torch.set_num_threads(threads)  # `ebb train` sets 1 for itself
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["ebb", *args], code, out, err)
+
+
 def _one_line(text: str) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in text, text
@@ -110,7 +127,7 @@ def _interrupted_run(data: str, out: Path, workers: int = 1) -> None:
         run_local(spec, _CtrlCAt(9))
 
 
-def test_a_copied_run_folder_resumes_into_the_copy_from_another_directory(small_ratings, tmp_path, monkeypatch):
+def test_a_copied_run_folder_resumes_into_the_copy_from_another_directory(small_ratings, tmp_path, monkeypatch, capsys):
     data_dir, _ = small_ratings
     monkeypatch.chdir(Path(data_dir).parent)  # the job names its data relative to here
     _interrupted_run(Path(data_dir).name, tmp_path / "run")
@@ -118,7 +135,8 @@ def test_a_copied_run_folder_resumes_into_the_copy_from_another_directory(small_
     original = {p.relative_to(tmp_path / "run"): p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    resumed = _run("train", "--resume", "../run-copy", cwd=elsewhere)
+    monkeypatch.chdir(elsewhere)
+    resumed = _in_process(capsys, "train", "--resume", "../run-copy")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((tmp_path / "run-copy" / "report.json").read_text())["status"] == "max_epochs"
     assert (tmp_path / "run-copy" / "model.npz").exists()
@@ -126,14 +144,14 @@ def test_a_copied_run_folder_resumes_into_the_copy_from_another_directory(small_
     assert now == original  # the folder it was copied from is untouched
 
 
-def test_resume_before_the_first_round_completed_starts_from_the_beginning(small_ratings, tmp_path):
+def test_resume_before_the_first_round_completed_starts_from_the_beginning(small_ratings, tmp_path, capsys):
     data_dir, _ = small_ratings
     from ebb.spec import load_spec
 
     spec = load_spec(overrides={"model": "pmf", "data": data_dir, "workers": 1, "hyper.rank": 4, "stop.max_epochs": 1})
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     (tmp_path / "run" / "checkpoints" / "spec.json").write_text(spec.model_dump_json())  # killed in round 0
-    resumed = _run("train", "--resume", str(tmp_path / "run"))
+    resumed = _in_process(capsys, "train", "--resume", str(tmp_path / "run"))
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((tmp_path / "run" / "report.json").read_text())["status"] == "max_epochs"
 
@@ -159,13 +177,13 @@ def test_every_resume_error_is_one_line(tmp_path):
         assert expected in _one_line(result.stderr), (args, result.stderr)
 
 
-def test_a_manifest_of_the_wrong_shape_is_one_line(small_ratings, tmp_path):
+def test_a_manifest_of_the_wrong_shape_is_one_line(small_ratings, tmp_path, capsys):
     """Every shape is in tests/unit/test_hostile.py; here the whole command, once."""
     data_dir, _ = small_ratings
     subprocess.run(["cp", "-a", data_dir, str(tmp_path / "data")], check=True)
     manifest = tmp_path / "data" / "manifest.json"
     manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "num_users": "500"}))
-    result = _run("train", *FAST, "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run"))
+    result = _in_process(capsys, "train", *FAST, "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run"))
     assert result.returncode == 2
     line = _one_line(result.stderr)
     assert "manifest.json is corrupt" in line and 'num_users: expected int, found "500"' in line, line
@@ -231,10 +249,12 @@ def _leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.rglob("*") if ".tmp" in p.name)
 
 
-def test_a_full_disk_during_training_fails_with_a_report_or_its_reason_and_no_temp_files(small_ratings, full_disk):
+def test_a_full_disk_during_training_fails_with_a_report_or_its_reason_and_no_temp_files(
+    small_ratings, full_disk, capsys
+):
     data_dir, _ = small_ratings
     disk = full_disk(8192)  # the lock fits; a checkpoint does not
-    result = _run("train", *FAST, "--data", data_dir, "--out", str(disk / "run"), "--max-epochs", "2")
+    result = _in_process(capsys, "train", *FAST, "--data", data_dir, "--out", str(disk / "run"), "--max-epochs", "2")
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     failed = [line for line in result.stderr.splitlines() if line.startswith("job failed:")]
@@ -266,7 +286,7 @@ def test_prepare_refuses_a_1e39_value_and_a_30_digit_id_in_one_line(tmp_path):
 
 
 # -- 5. a corrupt checkpoint fails the resume, naming the file ------------------------------
-def test_a_checkpoint_with_a_flipped_byte_fails_the_resume_in_one_line_naming_it(small_ratings, tmp_path):
+def test_a_checkpoint_with_a_flipped_byte_fails_the_resume_in_one_line_naming_it(small_ratings, tmp_path, capsys):
     """Before: its worker failed the CRC at start-up, was evicted as "exited with code 1",
     and the job finished with half its workers."""
     data_dir, _ = small_ratings
@@ -276,7 +296,7 @@ def test_a_checkpoint_with_a_flipped_byte_fails_the_resume_in_one_line_naming_it
     blob = bytearray(victim.read_bytes())
     blob[len(blob) // 2] ^= 0x40
     victim.write_bytes(bytes(blob))
-    resumed = _run("train", "--resume", str(tmp_path / "run"))
+    resumed = _in_process(capsys, "train", "--resume", str(tmp_path / "run"))
     assert resumed.returncode == 1, resumed.stderr
     assert "Traceback" not in resumed.stderr and "exited with code" not in resumed.stderr
     failed = next(line for line in resumed.stderr.splitlines() if line.startswith("job failed:"))

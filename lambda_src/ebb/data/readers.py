@@ -105,13 +105,15 @@ def _fits_float32(values: np.ndarray) -> bool:
     return bool((np.abs(values) <= FLOAT32_MAX).all())  # False for NaN and ±inf too
 
 
-def _float_field(token: bytes, what: str) -> float:
+def _float_field(token: bytes, what: str, max_abs: float | None = None) -> float:
     try:
         number = float(token)
     except ValueError:
         raise _BadRow(f"{what} {_text(token)!r} is not a number") from None
     if not np.isfinite(number):
         raise _BadRow(f"{what} {_text(token)!r} is not finite")
+    if max_abs is not None and abs(number) > max_abs:
+        raise _BadRow(f"{what} {_text(token)!r} is out of range (|{what}| ≤ {max_abs:g})")
     if abs(number) > FLOAT32_MAX:
         raise _BadRow(f"{what} {_text(token)!r} is out of range: it is stored as float32 (|x| ≤ {FLOAT32_MAX:.4g})")
     return number
@@ -328,9 +330,7 @@ class MovieLensReader(_LineReader):
             raise _BadRow(f"expected 4 fields, got {len(fields)}")
         user = _int_field(fields[0], "user id")
         item = _int_field(fields[1], "item id")
-        rating = _float_field(fields[2], "rating")
-        if abs(rating) > MAX_RATING:
-            raise _BadRow(f"rating {_text(fields[2])!r} is out of range (|rating| ≤ {MAX_RATING:g})")
+        rating = _float_field(fields[2], "rating", max_abs=MAX_RATING)
         _float_field(fields[3], "timestamp")
         return user, item, rating
 
