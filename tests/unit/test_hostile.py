@@ -251,3 +251,22 @@ def test_a_dead_owners_lock_is_named_and_taken_over_only_by_a_resume(tmp_path):
     taker = OutLock(store, str(tmp_path))
     taker.acquire(resume=True)
     assert json.loads(store.get(LOCK_KEY))["pid"] == os.getpid()
+
+
+def test_a_worker_that_cannot_start_fails_the_job_with_its_message_not_an_exit_code(tmp_path, small_ratings):
+    """Before: only "exited with code 1", and the job went on without it."""
+    from ebb.engine.worker import Worker
+    from ebb.local.runner import JobFailed, run_local
+    from ebb.spec import load_spec
+
+    class Unstartable(Worker):
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError("the part cache cannot be allocated")
+
+    data_dir, _ = small_ratings
+    spec = load_spec(overrides={"model": "pmf", "data": data_dir, "out": str(tmp_path / "run"), "workers": 1})
+    with pytest.raises(JobFailed) as info:
+        run_local(spec, worker_cls=Unstartable)
+    assert str(info.value) == (
+        "worker 0 failed before its first step: could not start: RuntimeError: the part cache cannot be allocated"
+    )

@@ -187,7 +187,8 @@ class Supervisor:
         s = self.state
         if isinstance(r, EndReport):
             if r.outcome == "failed" and r.worker not in self.inbox.ended:
-                raise EngineError(f"worker {r.worker} failed after step {r.step}: {r.error}")
+                when = f"after step {r.step}" if r.step >= 0 else "before its first step"
+                raise EngineError(f"worker {r.worker} failed {when}: {r.error}")
             if self.inbox.take_end(r, at=self.time.elapsed()):  # (a step's reports count when it closes)
                 accounting.count_report(s.totals, s.timing, r)
                 s.checkpoint_puts += 1 if r.checkpoint else 0

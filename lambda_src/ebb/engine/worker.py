@@ -81,7 +81,7 @@ def start_worker(
     try:
         return (worker_cls or Worker)(spec, start, data=data, checkpoints=checkpoints, updates=updates, signals=signals)
     except Exception as exc:
-        error = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+        error = " ".join(f"could not start: {type(exc).__name__}: {exc}".split())[:500]
         with contextlib.suppress(Exception):  # the channel itself may be what failed
             signals.report(
                 EndReport(worker=start.worker, step=start.step - 1, round=start.round, outcome="failed", error=error)
