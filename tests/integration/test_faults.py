@@ -204,6 +204,9 @@ def test_a_redis_server_that_dies_mid_job_is_replaced_and_the_round_run_again(sm
     killer.join()
     (fault,) = report["faults"]
     assert fault["reason"].startswith("the update store was lost") and "a new one runs on" in fault["recovery"]
+    # The lost attempt ran and was paid for: its time is in the job's (issue 24).
+    assert fault["attempt_seconds"] > 0 and fault["workers"] == 4
+    assert report["wall_seconds"] > fault["attempt_seconds"]
     # The round ran again from its checkpoints: the job ends where an undisturbed one does.
     assert report["status"] == "max_epochs" and report["steps"] == clean["steps"]
     assert all(np.array_equal(model[k], clean_model[k]) for k in model)

@@ -22,6 +22,7 @@ Lambda invocation) resumes from it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -62,6 +63,30 @@ BLOB_WAIT_S = 120.0  # how long to wait for a peer's replica before calling the 
 DIRECTIVE_WAIT_S = 600.0  # a supervisor silent this long is gone
 WAIT_CHUNK_S = 1.0  # longest single blocking read: between them a worker notices it was cancelled
 HEARTBEAT_S = 1.0
+
+
+def start_worker(
+    spec: JobSpec,
+    start: WorkerStart,
+    *,
+    data: ObjectStore,
+    checkpoints: ObjectStore,
+    updates: UpdateStore,
+    signals: SignalChannel,
+    worker_cls: type[Worker] | None = None,
+) -> Worker:
+    """A worker, built; one that cannot start (a corrupt checkpoint, an unreadable dataset)
+    tells the supervisor why, in one line, before the error is raised: the job fails with
+    that message instead of losing the worker to an unexplained exit code."""
+    try:
+        return (worker_cls or Worker)(spec, start, data=data, checkpoints=checkpoints, updates=updates, signals=signals)
+    except Exception as exc:
+        error = " ".join(f"could not start: {type(exc).__name__}: {exc}".split())[:500]
+        with contextlib.suppress(Exception):  # the channel itself may be what failed
+            signals.report(
+                EndReport(worker=start.worker, step=start.step - 1, round=start.round, outcome="failed", error=error)
+            )
+        raise
 
 
 class Lost(Exception):
