@@ -24,12 +24,16 @@ from typing import Any
 
 import numpy as np
 
+from ebb.cost.model import Usage, estimate_cost, load_prices
 from ebb.data.readers import DataError
 from ebb.models.metrics import classification_metrics, rmse
 from ebb.predict.artifact import LogisticModel, RatingsModel, load_model
 from ebb.predict.inputs import PairsReader, lr_reader
 
 Progress = Callable[[int], None]
+LAMBDA_MEMORY_MB = 1769  # the predict function's default memory (cdk.json ebb:predictMemoryMb): one vCPU
+STATES_PER_RUN = 3  # the Predict state machine: plan, map, manifest
+STATES_PER_SHARD = 2
 
 
 @dataclass
@@ -244,7 +248,29 @@ def predict_file(
         "seconds": round(seconds, 3),
         "rows_per_second": rows / seconds if seconds > 0 else None,
         "workers": workers,
+        # What the same work would cost as a Predict run at this host's pace (one shard a worker).
+        "cost_on_lambda": predict_cost(
+            seconds=seconds * workers, memory_mb=LAMBDA_MEMORY_MB, shards=workers, rows=rows
+        ),  # fmt: skip
     }
+
+
+def predict_cost(*, seconds: float, memory_mb: int, shards: int, rows: int, arch: str = "x86_64") -> dict[str, Any]:
+    """What a Predict run costs on the stack (the same cost model as training): the shards'
+    Lambda time, their invocations, their S3 requests and the state transitions; and per
+    million rows scored."""
+    usage = Usage(
+        worker_seconds=seconds,
+        memory_mb=memory_mb,
+        arch=arch,
+        invocations=shards + 2,  # the shards, plan and manifest
+        s3_get=4 * shards + 2,  # model, id map, seen items, the input range; plan's probes
+        s3_put=2 * shards + 1,
+        sfn_transitions=STATES_PER_RUN + STATES_PER_SHARD * shards,
+    )
+    cost = estimate_cost(usage, load_prices())
+    cost["usd_per_million_rows"] = cost["total_usd"] / rows * 1e6 if rows else None
+    return cost
 
 
 def write_table(columns: dict[str, np.ndarray], out_path: str | os.PathLike) -> str:

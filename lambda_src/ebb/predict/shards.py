@@ -23,15 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from ebb.cost.model import Usage, estimate_cost, load_prices
 from ebb.ports import deployment as names
 from ebb.predict.artifact import LogisticModel, RatingsModel, load_model
-from ebb.predict.run import Piece, metrics_of, score_path, write_table
+from ebb.predict.run import Piece, metrics_of, predict_cost, score_path, write_table
 
 PROBE = 64 * 1024  # bytes read at a time when looking for a line's end
 MANIFEST = "manifest.json"
-STATES_PER_RUN = 3  # plan, map, manifest
-STATES_PER_SHARD = 2
 
 
 def shard_key(run: str, index: int, ext: str) -> str:
@@ -153,24 +150,6 @@ def score_shard(item: dict[str, Any], bucket: str) -> dict[str, Any]:
         "unknown": dict(model.unknown),
         "seconds": round(time.perf_counter() - started, 4),
     }
-
-
-def predict_cost(*, seconds: float, memory_mb: int, shards: int, rows: int, arch: str = "x86_64") -> dict[str, Any]:
-    """What a Predict run costs on the stack (the same cost model as training): the shards'
-    Lambda time, their invocations, their S3 requests and the state transitions; and per
-    million rows scored."""
-    usage = Usage(
-        worker_seconds=seconds,
-        memory_mb=memory_mb,
-        arch=arch,
-        invocations=shards + 2,  # the shards, plan and manifest
-        s3_get=4 * shards + 2,  # model, id map, seen items, the input range; plan's probes
-        s3_put=2 * shards + 1,
-        sfn_transitions=STATES_PER_RUN + STATES_PER_SHARD * shards,
-    )
-    cost = estimate_cost(usage, load_prices())
-    cost["usd_per_million_rows"] = cost["total_usd"] / rows * 1e6 if rows else None
-    return cost
 
 
 def write_manifest(event: dict[str, Any], bucket: str, memory_mb: int) -> dict[str, Any]:

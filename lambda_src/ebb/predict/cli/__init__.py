@@ -164,6 +164,9 @@ def _print(summary: dict, out: str) -> None:
             print(f"skipped {summary['skipped_rows']:,} bad rows, e.g. {summary['bad_row_examples'][0]}")
         if summary.get("metrics"):
             print("metrics: " + json.dumps(summary["metrics"]))
+        per_million = (summary.get("cost_on_lambda") or {}).get("usd_per_million_rows")
+        if per_million:
+            print(f"on Lambda at this pace (1769 MB): ${per_million:.4f} per million rows (ebb.cost.model)")
     unknown = {k: v for k, v in summary.get("unknown", {}).items() if v}
     if unknown:
         print("unknown (scored with the biases alone): " + ", ".join(f"{v:,} {k}" for k, v in unknown.items()))
