@@ -18,7 +18,7 @@ examples:
   ebb predict --model runs/ml --input data/test.csv --out preds.csv          predicted ratings
   ebb predict --model runs/ml --recommend 10 --users all --out top10.parquet   top-10 per user
   ebb predict --model runs/ctr --input day_1.tsv --out p.csv --with-labels    + log-loss, accuracy, AUC
-  ebb predict --model s3://b/jobs/x --input s3://b/in.csv --out s3://b/out/ --stack Ebb   on AWS
+  ebb predict --model s3://b/jobs/x --input s3://b/in.csv --out preds.csv --stack Ebb     on AWS, 4 shards
 
 A ratings model scores rows of `user item [rating [timestamp]]` (tab, `::` or comma
 separated) into CSV `user,item,rating,prediction`; with ratings in every row it prints the
@@ -71,10 +71,10 @@ class _Bar:
     def __init__(self, what: str):
         self.what, self.n, self.t0, self.last = what, 0, time.perf_counter(), 0.0
 
-    def __call__(self, rows: int) -> None:
+    def __call__(self, rows: int, *, final: bool = False) -> None:
         self.n += rows
         now = time.perf_counter()
-        if now - self.last > 0.5:
+        if final or now - self.last > 0.5:
             self.last = now
             rate = self.n / max(now - self.t0, 1e-9)
             print(f"\r{self.what} {self.n:,} rows  {rate:,.0f} rows/s", end="", file=sys.stderr, flush=True)
@@ -123,6 +123,7 @@ def cmd_predict(args) -> int:
                     workers=args.workers,
                     progress=bar,
                 )
+                bar(0, final=True)
                 print(file=sys.stderr)
             if out_s3:
                 from ebb.stores.s3 import S3ObjectStore
