@@ -213,3 +213,18 @@ def test_logistic_models_score_their_training_format_with_the_reports_metrics(tm
     direct = m.predict_lines(lines if fmt == "criteo" else lines[:5])
     written = np.array([ln.split(",")[1] for ln in (tmp_path / "p.csv").read_text().splitlines()[1:5]], np.float32)
     assert np.array_equal(direct[:4], written)
+
+
+def test_libsvm_rows_with_features_the_model_never_had_are_scored_without_them_and_counted(tmp_path):
+    from ebb.data.synth import synth_logistic
+
+    synth_logistic(tmp_path / "rows.svm", rows=2000, features=200, nnz=8, seed=4)
+    data, run = tmp_path / "data", tmp_path / "run"
+    assert main(["prepare", "--format", "libsvm", "--input", str(tmp_path / "rows.svm"), "--out", str(data)]) == 0
+    assert main(["train", "--model", "sparse_lr", "--data", str(data), "--out", str(run), "--workers", "1",
+                 "--set", "stop.max_epochs=2"]) == 0  # fmt: skip
+    m = load_model(run)
+    rows = (tmp_path / "rows.svm").read_text().splitlines(keepends=True)[:3]
+    base = m.predict_lines(rows)
+    extra = [r.rstrip("\n") + f" {m.num_features + 5}:1.0\n" for r in rows]
+    assert np.array_equal(m.predict_lines(extra), base) and m.unknown == {"features": 3}
