@@ -54,6 +54,7 @@ ZIP_EXCLUDES = [
     "!ebb/engine/errors.py",
     "ebb/local",
     "ebb/models",
+    "ebb/predict",
     "ebb/sparse.py",
     "ebb/cli.py",
     "ebb/flags.py",

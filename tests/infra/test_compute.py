@@ -106,6 +106,7 @@ def test_zip_functions_carry_the_light_package_and_the_layer(default):
         ]
         for dropped in (
             "ebb/models",
+            "ebb/predict",
             "ebb/autotune",
             "ebb/data",
             "ebb/local",
