@@ -228,3 +228,22 @@ def test_libsvm_rows_with_features_the_model_never_had_are_scored_without_them_a
     base = m.predict_lines(rows)
     extra = [r.rstrip("\n") + f" {m.num_features + 5}:1.0\n" for r in rows]
     assert np.array_equal(m.predict_lines(extra), base) and m.unknown == {"features": 3}
+
+
+def test_model_input_and_output_on_s3(planted, moto_env, moto_s3):
+    from tests.helpers.aws import unique_bucket
+
+    bucket = unique_bucket()
+    moto_s3.create_bucket(Bucket=bucket)
+    for key in ("model.json", "model.npz", "id_map.npz", "seen.npz"):
+        moto_s3.put_object(Bucket=bucket, Key=f"runs/x/{key}", Body=(planted["run"] / key).read_bytes())
+    moto_s3.put_object(Bucket=bucket, Key="in/test.tsv", Body=(planted["tmp"] / "test.tsv").read_bytes())
+    done = subprocess.run(
+        [sys.executable, "-m", "ebb.cli", "predict", "--model", f"s3://{bucket}/runs/x", "--input",
+         f"s3://{bucket}/in/test.tsv", "--out", f"s3://{bucket}/out/p.csv"],  # fmt: skip
+        env=moto_env, capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    predict_file(str(planted["run"]), planted["tmp"] / "test.tsv", planted["tmp"] / "s3-local.csv")
+    got = moto_s3.get_object(Bucket=bucket, Key="out/p.csv")["Body"].read()
+    assert got == (planted["tmp"] / "s3-local.csv").read_bytes()
