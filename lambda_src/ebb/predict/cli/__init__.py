@@ -11,7 +11,22 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-DEFAULT_WORKERS = 1
+from ebb.flags import Flag, add_flags, given, option_of
+from ebb.predict.spec import PredictSpec
+
+PREDICT_FLAGS = (
+    Flag("model", metavar="RUN"),
+    Flag("input", metavar="FILE"),
+    Flag("out", metavar="PATH"),
+    Flag("recommend", metavar="K"),
+    Flag("users", metavar="FILE|all"),
+    Flag("include_seen"),
+    Flag("with_labels"),
+    Flag("skip_bad_rows"),
+    Flag("workers", metavar="N"),
+    Flag("stack", metavar="NAME"),
+    Flag("shards", metavar="N"),
+)
 
 EPILOG = """\
 examples:
@@ -38,25 +53,7 @@ def add_predict(sub) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", required=True, metavar="RUN", help="the run's folder or s3://bucket/prefix")
-    p.add_argument("--input", metavar="FILE", help="rows to score: a file or s3://bucket/key")
-    p.add_argument("--out", required=True, metavar="PATH", help="where the output goes: a file or s3://bucket/key")
-    p.add_argument("--recommend", type=int, metavar="K", help="top-K items per user instead of scoring rows")
-    p.add_argument(
-        "--users", default="all", metavar="FILE|all", help="with --recommend: a file of raw user ids, or all"
-    )
-    p.add_argument(
-        "--include-seen", action="store_true", help="with --recommend: also return items the user rated in training"
-    )
-    p.add_argument("--with-labels", action="store_true", help="LR: the rows' labels too, and log-loss, accuracy, AUC")
-    p.add_argument(
-        "--skip-bad-rows", action="store_true", help="count and skip malformed rows (default: stop at the first)"
-    )
-    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, metavar="N", help="local processes (default 1)")
-    p.add_argument(
-        "--stack", metavar="NAME", help="run on this deployed stack's Predict state machine (--shards pieces)"
-    )
-    p.add_argument("--shards", type=int, default=4, metavar="N", help="with --stack: pieces (default 4)")
+    add_flags(p, PredictSpec, PREDICT_FLAGS)
     p.set_defaults(func=cmd_predict)
 
 
@@ -80,18 +77,21 @@ class _Bar:
             print(f"\r{self.what} {self.n:,} rows  {rate:,.0f} rows/s", end="", file=sys.stderr, flush=True)
 
 
-def cmd_predict(args) -> int:
+def cmd_predict(cli) -> int:
+    from pydantic import ValidationError
+
     from ebb.data.readers import DataError
     from ebb.ports.objects import is_s3
     from ebb.predict.artifact import ArtifactError
     from ebb.stores import local_copy, parse_s3_url
 
+    try:
+        args = PredictSpec.model_validate({k: v for k, v in given(cli, PREDICT_FLAGS).items() if v is not None})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        return _fail(f"{option_of(str(err['loc'][0]), PREDICT_FLAGS)}: {err['msg']}")
     if args.recommend is None and not args.input:
         return _fail("give --input FILE (rows to score) or --recommend K")
-    if args.recommend is not None and args.recommend < 1:
-        return _fail(f"--recommend: K must be at least 1, got {args.recommend}")
-    if args.workers < 1:
-        return _fail(f"--workers: must be at least 1, got {args.workers}")
     if args.stack:
         from ebb.predict.cli.stack import submit_predict
 
