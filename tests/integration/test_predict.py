@@ -247,3 +247,13 @@ def test_model_input_and_output_on_s3(planted, moto_env, moto_s3):
     predict_file(str(planted["run"]), planted["tmp"] / "test.tsv", planted["tmp"] / "s3-local.csv")
     got = moto_s3.get_object(Bucket=bucket, Key="out/p.csv")["Body"].read()
     assert got == (planted["tmp"] / "s3-local.csv").read_bytes()
+
+
+def test_pairs_without_ratings_are_scored_and_no_metric_is_made_up(planted):
+    pairs = planted["tmp"] / "pairs.csv"
+    pairs.write_text("".join(f"{r[0]},{r[1]}\n" for r in planted["test"][:50]))
+    got = predict_file(str(planted["run"]), pairs, planted["tmp"] / "pairs-out.csv", workers=2)
+    lines = (planted["tmp"] / "pairs-out.csv").read_text().splitlines()
+    assert got["rows"] == 50 and got["metrics"] == {} and lines[1].split(",")[2] == ""
+    expect = load_model(planted["run"]).predict(np.array([r[:2] for r in planted["test"][:50]]))
+    assert np.array_equal(np.array([ln.split(",")[3] for ln in lines[1:]], np.float32), expect)

@@ -137,6 +137,9 @@ def score_path(
         else lr_reader(model.meta, path, skip_bad_rows=skip_bad_rows)
     )
     preds, targets, rows = [], [], 0
+    # Kept for the metrics only while every row has its target (a rating, a label with
+    # --with-labels): a file of any size streams through when there is nothing to score it by.
+    metered = ratings or with_labels
     with open(out_path, "w") as out:
         if write_header:
             out.write("user,item,rating,prediction\n" if ratings else
@@ -148,13 +151,15 @@ def score_path(
                     rating = ["" if np.isnan(r) else t for r, t in zip(chunk["rating"].tolist(), _fmt(chunk["rating"]))]
                     lines = zip(chunk["user"].tolist(), chunk["item"].tolist(), rating, _fmt(pred))
                     out.writelines(f"{u},{i},{r},{p}\n" for u, i, r, p in lines)
-                    targets.append(chunk["rating"])
+                    if metered and np.isnan(chunk["rating"]).any():
+                        metered, preds, targets = False, [], []
                 elif with_labels:
                     out.writelines(f"{int(lab)},{p}\n" for lab, p in zip(chunk["label"].tolist(), _fmt(pred)))
-                    targets.append(chunk["label"])
                 else:
                     out.writelines(f"{p}\n" for p in _fmt(pred))
-                preds.append(pred)
+                if metered:
+                    preds.append(pred)
+                    targets.append(chunk["rating" if ratings else "label"])
                 rows += len(pred)
                 if progress is not None:
                     progress(len(pred))
@@ -165,6 +170,7 @@ def score_path(
         "skipped_rows": reader.skipped_rows,
         "bad_rows": [rename(m) for m in reader.bad_rows],
         "unknown": dict(model.unknown),
+        "metered": metered,
         "pred": np.concatenate(preds) if preds else np.zeros(0, np.float32),
         "target": np.concatenate(targets) if targets else np.zeros(0, np.float32),
     }
@@ -233,6 +239,7 @@ def predict_file(
                         shutil.copyfileobj(f, out)
     pred = np.concatenate([r["pred"] for r in results])
     target = np.concatenate([r["target"] for r in results])
+    metered = all(r["metered"] for r in results)
     seconds = time.perf_counter() - started
     rows = int(sum(r["rows"] for r in results))
     unknown: dict[str, int] = {}
@@ -244,7 +251,7 @@ def predict_file(
         "skipped_rows": int(sum(r["skipped_rows"] for r in results)),
         "bad_row_examples": [m for r in results for m in r["bad_rows"]][:5],
         "unknown": unknown,
-        "metrics": metrics_of(model, pred, target, with_labels),
+        "metrics": metrics_of(model, pred, target, with_labels) if metered else {},
         "seconds": round(seconds, 3),
         "rows_per_second": rows / seconds if seconds > 0 else None,
         "workers": workers,

@@ -136,6 +136,7 @@ def score_shard(item: dict[str, Any], bucket: str) -> dict[str, Any]:
                                 with_labels=bool(item.get("with_labels")),
                                 skip_bad_rows=bool(item.get("skip_bad_rows")), write_header=index == 0)  # fmt: skip
             arrays = {"pred": scored.pop("pred"), "target": scored.pop("target")}
+            arrays = arrays if scored["metered"] else None
             result = scored
         s3.upload_file(str(out), bucket, shard_key(run, index, "csv"))
         if arrays is not None:
@@ -148,6 +149,7 @@ def score_shard(item: dict[str, Any], bucket: str) -> dict[str, Any]:
         "skipped_rows": result["skipped_rows"],
         "bad_rows": result["bad_rows"][:5],
         "unknown": dict(model.unknown),
+        "metered": arrays is not None,
         "seconds": round(time.perf_counter() - started, 4),
     }
 
@@ -158,7 +160,7 @@ def write_manifest(event: dict[str, Any], bucket: str, memory_mb: int) -> dict[s
     s3 = _s3()
     model = load_model(event["model"])
     metrics: dict[str, float] = {}
-    if not event.get("recommend"):
+    if not event.get("recommend") and all(r.get("metered") for r in results):
         preds, targets = [], []
         for r in results:
             body = s3.get_object(Bucket=bucket, Key=shard_key(run, r["index"], "npz"))["Body"].read()
