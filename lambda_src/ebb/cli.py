@@ -7,6 +7,7 @@ a deployed stack.
     ebb submit job.yaml --stack Ebb                     # the same job on AWS Lambda
     ebb watch EXECUTION                                 # its progress, until it ends
     ebb report EXECUTION --out runs/x                   # its report, model and plot
+    ebb predict --model runs/x --input rows.csv --out p.csv   # score rows with a trained model
 """
 
 from __future__ import annotations
@@ -630,12 +631,17 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ebb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--debug", action="store_true", help="print the full traceback of an error (also EBB_DEBUG=1)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{synth,prepare,train,spec,submit,watch,report}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{synth,prepare,train,spec,submit,watch,report,predict}"
+    )
     _add_synth(sub)
     _add_prepare(sub)
     _add_train(sub)
     _add_spec(sub)
     _add_aws(sub)
+    from ebb.predict.cli import add_predict  # ebb predict (issue 26)
+
+    add_predict(sub)
     for command in sub.choices.values():  # `ebb train ... --debug` as well as `ebb --debug train ...`
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser

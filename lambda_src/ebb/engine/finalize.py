@@ -1,7 +1,7 @@
 """Finalize (docs/ARCHITECTURE.md, "A job", step 3): merge the final replicas (or take the
-best one validation kept), score the test split, write the report, the model and the
-plot. A step of its own, after the last round, so no supervisor round pays for it (on AWS
-it is its own function).
+best one validation kept), score the test split, write the report, the model (with
+``model.json``, ``ebb.engine.artifact``) and the plot. A step of its own, after the last
+round, so no supervisor round pays for it (on AWS it is its own function).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ebb.cost.model import perf_per_dollar
 from ebb.data.format import decode_batch
 from ebb.engine import checkpoint
 from ebb.engine.accounting import job_account
+from ebb.engine.artifact import write_artifact
 from ebb.engine.errors import EngineError
 from ebb.engine.outputs import write_outputs
 from ebb.engine.parts import PartCache
@@ -166,5 +167,7 @@ def finalize(
         report.update(
             {"model": "best", "best_step": meta["step"], "best_epoch": meta["epoch"], "best_val": meta["value"]}
         )
-    write_outputs(out, report, replica)
+    manifest = load_manifest(data, spec.data)
+    artifact = write_artifact(out, data, spec, manifest, report, replica)
+    write_outputs(out, report, replica, extra=artifact)
     return report, replica
