@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ebb.catalogue import entry
-from ebb.models import compiled
+from ebb.models import compiled, scoring
 from ebb.models.base import Model
 from ebb.models.metrics import rmse
 from ebb.models.optim import SparseAdam, SparseSGD
@@ -126,10 +126,18 @@ class PMF(Model):
         return loss_sum, int(err.numel()), {"user": (b.users, g_user, U), "item": (b.items, g_item, V)}
 
     def predict(self, b: RatingsBatch):
-        *_, pred = self._forward(b)
-        if self.rating_range is not None:
-            pred = pred.clamp_(*self.rating_range)
-        return pred.numpy(), b.rating.numpy()
+        """Scored as ``ebb predict`` scores (``ebb.models.scoring``), so the two agree exactly."""
+        users, items = b.users.numpy()[b.user_of.numpy()], b.items.numpy()[b.item_of.numpy()]
+        pred = scoring.pmf_pairs(
+            self.params["user"].numpy(),
+            self.params["item"].numpy(),
+            users,
+            items,
+            rank=self.rank,
+            mean=self.mu,
+            rating_range=self.rating_range,
+        )
+        return pred, b.rating.numpy()
 
     def metrics(self, pred, target):
         return {"rmse": rmse(pred, target)}
