@@ -53,7 +53,7 @@ CATALOGUE: Mapping[str, ModelEntry] = MappingProxyType(
             data="ratings",
             reads="MovieLens ratings",
             hyper=MappingProxyType(
-                {"rank": 20, "lr": 0.02, "momentum": 0.8, "l2": 0.1, "init_std": 0.1, "lr_decay": 0.95}
+                {"rank": 20, "lr": 0.02, "momentum": 0.8, "l2": 0.1, "init_std": 0.1, "lr_decay": 0.95, "cold_k": 0}
             ),
             optimizer="sgd_momentum",
             optimizers=("sgd_momentum", "adam"),

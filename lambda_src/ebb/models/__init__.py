@@ -33,6 +33,7 @@ def build_model(name: str, manifest, hp, seed: int) -> Model:
             seed=seed,
             rating_range=rating_range(manifest),
             optimizer=hp.optimizer or "sgd_momentum",
+            cold_k=int(hp.cold_k or 0),
         )
     cls = SparseLR if name == "sparse_lr" else DenseLR
     return cls(manifest.num_features, lr=hp.lr, l2=hp.l2, seed=seed)
