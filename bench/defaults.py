@@ -31,6 +31,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,7 +49,7 @@ from ebb.catalogue import CATALOGUE  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = quality.DATA / "runs-defaults"
 PRESETS = "ml-100k,ml-latest-small,ml-100k-wild,ml-latest-small-wild"
-GRID = ["lr=0.02,0.04", "l2=0.05,0.1,0.15", "lr_decay=0.9,0.95"]
+GRID = ["lr=0.02,0.04", "l2=0.05,0.1,0.2", "lr_decay=0.9"]
 SYNC_KEYS = ("significance",)  # arm keys that go to sync.*, the rest to hyper.*
 
 
@@ -78,7 +79,7 @@ def run(data: dict, workers: int, settings: dict, epochs: float, tag: str) -> di
     hyper = {k: v for k, v in settings.items() if k not in SYNC_KEYS}
     sync = {"mode": "isp", **{k: v for k, v in settings.items() if k in SYNC_KEYS}}
     job = {
-        "name": tag.replace("/", "-")[-64:],
+        "name": re.sub(r"[^A-Za-z0-9_.-]", "_", tag.replace("/", "-"))[-64:],
         "model": "pmf",
         "data": str(data["prepared"]),
         "out": str(out),
@@ -165,11 +166,14 @@ def main(argv=None) -> None:
     torch_grid = {
         k: [float(v) for v in vs.split(",")] for k, _, vs in (i.partition("=") for i in args.torch_grid.split())
     }
-    arms = {"default": {}}
+    arms: dict[str, dict] = {"default": {}}
     for text in args.arm:
         name, _, settings = text.partition(":")
         arms[name] = parse_settings(settings)
     grid = parse_grid(args.grid) if args.grid else []
+    if grid:  # the defaults spelled out on the grid's keys, so a grid point equal to them is not run twice
+        arms["default"] = {k: CATALOGUE["pmf"].hyper[k] for k in grid[0]}
+        grid += [] if arms["default"] in grid else [arms["default"]]  # the defaults compete too
 
     datasets, torch_ref, grid_rows = {}, {}, {}
     for name in names:
