@@ -155,6 +155,7 @@ def main(argv=None) -> None:
         metavar="NAME:K=V,...",
         help="settings to score beside the defaults at every fleet size (sync.significance as significance=)",
     )
+    ap.add_argument("--torch-from", type=Path, help="take the torch reference from this results file (same presets)")
     ap.add_argument("--no-choice", action="store_true", help="do not add the robust choice as an arm")
     ap.add_argument("--runs", type=Path, help=f"the jobs' folders (default {RUNS})")
     ap.add_argument("--json", help="output JSON (default bench/results/defaults/<presets>.json)")
@@ -180,7 +181,10 @@ def main(argv=None) -> None:
         data = quality.dataset(name)
         datasets[name] = data
         print(f"== {name}: {data['manifest'].train.rows:,} train rows, floor {data['floor']:.4f}", flush=True)
-        torch_ref[name] = quality.tune_torch(data, torch_grid, args.torch_epochs)
+        if args.torch_from:  # the same split, seed and grid: the reference does not depend on Ebb's settings
+            torch_ref[name] = json.loads(args.torch_from.read_text())["torch"][name]
+        else:
+            torch_ref[name] = quality.tune_torch(data, torch_grid, args.torch_epochs)
         grid_rows[name] = [run(data, 1, s, args.epochs, f"{name}/grid/{label(s)}") for s in grid]
     choice, worst = robust_choice(grid_rows) if grid else ({}, {})
     if grid:
