@@ -156,6 +156,7 @@ def main(argv=None) -> None:
         help="settings to score beside the defaults at every fleet size (sync.significance as significance=)",
     )
     ap.add_argument("--torch-from", type=Path, help="take the torch reference from this results file (same presets)")
+    ap.add_argument("--no-default", action="store_true", help="do not run the catalogue's defaults as an arm")
     ap.add_argument("--no-choice", action="store_true", help="do not add the robust choice as an arm")
     ap.add_argument("--runs", type=Path, help=f"the jobs' folders (default {RUNS})")
     ap.add_argument("--json", help="output JSON (default bench/results/defaults/<presets>.json)")
@@ -186,6 +187,8 @@ def main(argv=None) -> None:
         else:
             torch_ref[name] = quality.tune_torch(data, torch_grid, args.torch_epochs)
         grid_rows[name] = [run(data, 1, s, args.epochs, f"{name}/grid/{label(s)}") for s in grid]
+    if args.no_default:
+        arms.pop("default")
     choice, worst = robust_choice(grid_rows) if grid else ({}, {})
     if grid:
         print(f"robust choice: {label(choice)} (worst validation regret {100 * worst[label(choice)]:.2f} %)")
