@@ -87,7 +87,12 @@ DATASETS = {
     ),
     "ml-10m": (lambda path: synth_shaped_ratings(path, preset="ml-10m", seed=0), "ratings.dat", "movielens", 6250),
     # The same counts with real raters' irregularities (ebb.data.synth: the "-wild" presets).
-    "ml-100k-wild": (lambda path: synth_shaped_ratings(path, preset="ml-100k-wild", seed=0), "u.data", "movielens", 1000),
+    "ml-100k-wild": (
+        lambda path: synth_shaped_ratings(path, preset="ml-100k-wild", seed=0),
+        "u.data",
+        "movielens",
+        1000,
+    ),
     "ml-latest-small-wild": (
         lambda path: synth_shaped_ratings(path, preset="ml-latest-small-wild", seed=0),
         "ratings.csv",
