@@ -207,7 +207,7 @@ def main(argv=None) -> None:
                     results[arm] = same  # already run in the grid
                 else:
                     results[arm] = run(data, workers, settings, cap, f"{name}/w{workers}/{arm}")
-            pool = grid_rows[name] if workers == 1 else list(results.values())
+            pool = grid_rows[name] if workers == 1 and grid_rows[name] else list(results.values())
             tuned = min((r for r in pool if "val" in r), key=lambda r: r["val"])
             details.append({"dataset": name, "workers": workers, "arms": results, "tuned": tuned})
             for arm, r in results.items():

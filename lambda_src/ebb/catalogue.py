@@ -45,6 +45,10 @@ class ModelEntry:
     loss_name: str  # the training loss, and the held-out metric early stopping watches
     metric_names: tuple[str, ...]  # what test_metrics reports
     adam_lr: float | None = None  # hyper.lr when unset and the optimiser is Adam (not the SGD default)
+    # hyper.lr when unset, at P workers under sync.combine mean: lr × min(P, this). The mean
+    # moves a row that several workers touch by their average proposal, so a fleet's epoch
+    # does less than one worker's; 1 worker keeps the lr chosen for it.
+    fleet_lr_max: float = 1.0
 
 
 CATALOGUE: Mapping[str, ModelEntry] = MappingProxyType(
@@ -59,6 +63,7 @@ CATALOGUE: Mapping[str, ModelEntry] = MappingProxyType(
             optimizer="sgd_momentum",
             optimizers=("sgd_momentum", "adam"),
             adam_lr=0.03,
+            fleet_lr_max=2.0,
             combine="mean",
             significance=0.7,
             max_epochs_without_val=30,
