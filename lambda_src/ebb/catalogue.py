@@ -5,7 +5,7 @@ and ``ebb spec`` show these defaults, and the models name their loss from here.
 Dependency-free on purpose: the spec (and with it the zip functions) imports it.
 The defaults train well without tuning on MovieLens- and Criteo-shaped data against a
 tuned torch reference; docs/RESULTS.md ("Model quality", and "Defaults across presets"
-for PMF's, chosen on four rating presets together by bench/defaults.py) has the runs.
+for PMF's, checked on four rating presets together by bench/defaults.py) has the runs.
 """
 
 from __future__ import annotations
@@ -45,10 +45,6 @@ class ModelEntry:
     loss_name: str  # the training loss, and the held-out metric early stopping watches
     metric_names: tuple[str, ...]  # what test_metrics reports
     adam_lr: float | None = None  # hyper.lr when unset and the optimiser is Adam (not the SGD default)
-    # hyper.lr when unset, at P workers under sync.combine mean: lr × min(P, this). The mean
-    # moves a row that several workers touch by their average proposal, so a fleet's epoch
-    # does less than one worker's; 1 worker keeps the lr chosen for it.
-    fleet_lr_max: float = 1.0
 
 
 CATALOGUE: Mapping[str, ModelEntry] = MappingProxyType(
@@ -58,14 +54,13 @@ CATALOGUE: Mapping[str, ModelEntry] = MappingProxyType(
             data="ratings",
             reads="MovieLens ratings",
             hyper=MappingProxyType(
-                {"rank": 20, "lr": 0.02, "momentum": 0.8, "l2": 0.1, "init_std": 0.1, "lr_decay": 0.9, "cold_k": 0}
+                {"rank": 20, "lr": 0.02, "momentum": 0.8, "l2": 0.1, "init_std": 0.1, "lr_decay": 0.95, "cold_k": 0}
             ),
             optimizer="sgd_momentum",
             optimizers=("sgd_momentum", "adam"),
             adam_lr=0.03,
-            fleet_lr_max=2.0,
             combine="mean",
-            significance=0.7,
+            significance=0.4,
             max_epochs_without_val=30,
             loss_name="rmse",
             metric_names=("rmse",),

@@ -59,11 +59,6 @@ class _Strict(BaseModel):
 
 
 _ADAM_LR = "; ".join(f"{m} with adam {row.adam_lr:g}" for m, row in CATALOGUE.items() if row.adam_lr)
-_FLEET_LR = "; ".join(
-    f"{m} × min(workers, {row.fleet_lr_max:g}) under sync.combine mean"
-    for m, row in CATALOGUE.items()
-    if row.fleet_lr_max != 1
-)
 
 
 class HyperParams(_Strict):
@@ -73,11 +68,7 @@ class HyperParams(_Strict):
         None, ge=1, le=1024, description="PMF latent dimension", json_schema_extra=shown(per_model_hyper("rank"))
     )
     lr: float | None = Field(
-        None,
-        gt=0,
-        le=100,
-        description="learning rate",
-        json_schema_extra=shown(f"{per_model_hyper('lr')}; {_FLEET_LR}; {_ADAM_LR}"),
+        None, gt=0, le=100, description="learning rate", json_schema_extra=shown(f"{per_model_hyper('lr')}; {_ADAM_LR}")
     )
     optimizer: Literal["sgd_momentum", "adam"] | None = Field(
         None,
@@ -403,8 +394,6 @@ class JobSpec(_Strict):
             self.hyper.lr = row.adam_lr
         if self.sync.combine is None:
             self.sync.combine = row.combine
-        if self.hyper.lr is None and self.hyper.optimizer == row.optimizer and self.sync.combine == "mean":
-            self.hyper.lr = row.hyper["lr"] * min(self.workers, row.fleet_lr_max)
         if self.sync.significance is None:
             self.sync.significance = row.significance
         for key, value in row.hyper.items():

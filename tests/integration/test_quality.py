@@ -104,9 +104,9 @@ def test_default_pmf_early_stops_on_ml_100k_shaped_ratings(tmp_path):
     """Nothing tuned: ratings shaped like MovieLens-100k (20 to 737 ratings a user, 8 % of
     the items rated once), prepared with `ebb prepare`'s default validation split, trained
     with every default. The job stops itself on the validation curve, writes the best model
-    it saw, and that model is within 9 % of the noise floor (bench/defaults.py on the same
-    data: Ebb's defaults 7.4 %, the tuned torch reference 7.2 %; bench/quality.py: the
-    defaults before lr_decay 0.9 7.8 %, the old ones at their best epoch 11.8 %)."""
+    it saw, and that model is within 9 % of the noise floor (bench/quality.py on the same
+    data: Ebb's defaults 7.8 %, the tuned torch reference 7.3 %, the old defaults at their
+    best epoch 11.8 %)."""
     meta = synth_shaped_ratings(tmp_path / "u.data", preset="ml-100k", seed=0)
     prepare_dataset(
         "movielens",

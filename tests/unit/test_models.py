@@ -249,8 +249,7 @@ def test_single_worker_reproduces_plain_torch_loop_pmf(small_ratings, tmp_path):
     plain = _plain_torch_pmf_losses(data_dir, spec.hyper, spec.seed, len(engine_losses))
     assert len(engine_losses) == report["steps"] > 40
     np.testing.assert_allclose(engine_losses, plain, rtol=2e-5)
-    # Training makes progress (three epochs; the default lr_decay 0.9 takes 27 % off lr by the third).
-    assert engine_losses[-1] < 0.85 * engine_losses[0]
+    assert engine_losses[-1] < 0.8 * engine_losses[0]
 
 
 def test_single_worker_engine_equals_direct_model_loop_bit_for_bit(small_logistic, tmp_path):
