@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ebb.catalogue import entry
-from ebb.models import compiled
+from ebb.models import compiled, scoring
 from ebb.models.base import Model
 from ebb.models.metrics import rmse
 from ebb.models.optim import SparseAdam, SparseSGD
@@ -146,15 +146,23 @@ class PMF(Model):
         self._cold = (users <= self.cold_k, items <= self.cold_k)
 
     def predict(self, b: RatingsBatch):
-        _, _, Uk, Vk, pred = self._forward(b)
+        """Scored as ``ebb predict`` scores (``ebb.models.scoring``), so the two agree exactly
+        (with ``cold_k`` on, held-out scoring also drops the factors of cold users and items)."""
+        users, items = b.users.numpy()[b.user_of.numpy()], b.items.numpy()[b.item_of.numpy()]
+        cold = None
         if self._cold is not None:
-            cold = self._cold[0][b.users][b.user_of] | self._cold[1][b.items][b.item_of]
-            if bool(cold.any()):
-                r = self.rank
-                pred[cold] = Uk[cold, r] + Vk[cold, r] + self.mu
-        if self.rating_range is not None:
-            pred = pred.clamp_(*self.rating_range)
-        return pred.numpy(), b.rating.numpy()
+            cold = self._cold[0].numpy()[users] | self._cold[1].numpy()[items]
+        pred = scoring.pmf_pairs(
+            self.params["user"].numpy(),
+            self.params["item"].numpy(),
+            users,
+            items,
+            rank=self.rank,
+            mean=self.mu,
+            rating_range=self.rating_range,
+            cold=cold,
+        )
+        return pred, b.rating.numpy()
 
     def metrics(self, pred, target):
         return {"rmse": rmse(pred, target)}
