@@ -21,7 +21,7 @@ from ebb.engine.accounting import job_account
 from ebb.engine.artifact import write_artifact
 from ebb.engine.errors import EngineError
 from ebb.engine.outputs import write_outputs
-from ebb.engine.parts import PartCache
+from ebb.engine.parts import PartCache, prime_for_scoring
 from ebb.engine.replica import copy_replica
 from ebb.engine.state import SupervisorState
 from ebb.models import build_model
@@ -56,6 +56,7 @@ def evaluate(spec: JobSpec, data: ObjectStore, replica: dict[str, np.ndarray]) -
         return {}
     model = build_model(spec.model, manifest, spec.hyper, spec.seed)
     copy_replica(model, replica)
+    prime_for_scoring(data, manifest, model)
     return model.evaluate(PartCache(data, manifest, model, split="test", max_bytes=0).each())
 
 

@@ -60,6 +60,7 @@ def build_model(name: str, manifest, hp, seed: int) -> Model:
             seed=seed,
             rating_range=rating_range(manifest),
             optimizer=hp.optimizer or "sgd_momentum",
+            cold_k=int(hp.cold_k or 0),
         )
     from ebb.models.logistic import DenseLR, SparseLR
 

@@ -22,13 +22,17 @@ def pmf_pairs(
     rank: int,
     mean: float,
     rating_range: tuple[float, float] | None,
+    cold: np.ndarray | None = None,
 ) -> np.ndarray:
     """``μ + b_u + b_i + U_u·V_i`` (float32) for every pair ``(users[k], items[k])``, clipped
     to ``rating_range``. ``user``/``item`` are the tables ``[n, rank + 1]`` (bias last). An id
     of -1 is unknown: its row counts as zero, so the prediction falls back to the biases
-    that are known (``μ + b_i``, ``μ + b_u``, or ``μ``)."""
+    that are known (``μ + b_i``, ``μ + b_u``, or ``μ``). Pairs where ``cold`` (bool per pair)
+    is set drop the factor term: ``μ + b_u + b_i`` (PMF's ``cold_k``)."""
     U = _rows(user, users)
     V = _rows(item, items)
+    if cold is not None and cold.any():
+        U[cold, :rank] = 0.0  # U is a copy (_rows): the tables are untouched
     pred = U[:, rank] + V[:, rank]
     for k in range(rank):  # one column at a time: the same order for every row
         pred += U[:, k] * V[:, k]
