@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
 
 from ebb.ports.messages import Directive, EndReport, StepReport, decode_directive, decode_report, encode
 
@@ -26,20 +29,55 @@ UPDATE_TTL_S = 3600
 # deadlines. The socket must outlast it: redis-py 8's default 5 s socket timeout would
 # otherwise cut every longer wait short with a TimeoutError.
 BLOCK_CHUNK_S = 5.0
-SOCKET_TIMEOUT_S = BLOCK_CHUNK_S + 25.0
+SOCKET_MARGIN_S = 5.0  # past a blocking read's own timeout, how long a reply may take
+SOCKET_CONNECT_TIMEOUT_S = 5.0
+# A dropped connection (a reset, a server restarted) is tried once more on a new one; a
+# timeout is not tried again: a server that did not answer in SOCKET_MARGIN_S past the
+# read's own time is not answering (redis-py 8 would retry it 3 times: 129 s in all).
+CONNECTION_RETRIES = 1
+_BACKOFF_CAP_S = 0.5
 
 
-CONNECTION_OPTIONS = {
-    "socket_keepalive": True,
-    "health_check_interval": 30,
-    "socket_timeout": SOCKET_TIMEOUT_S,
-    "socket_connect_timeout": 10,
-}
+def socket_timeout_s() -> float:
+    return BLOCK_CHUNK_S + SOCKET_MARGIN_S
+
+
+def silent_server_bound_s() -> float:
+    """Longest one Redis command waits on a server that accepts connections (or not) and
+    never answers: a connect, a retried connect, and one read (docs/RELIABILITY.md, "Bounds")."""
+    connects = (1 + CONNECTION_RETRIES) * SOCKET_CONNECT_TIMEOUT_S + CONNECTION_RETRIES * _BACKOFF_CAP_S
+    return connects + socket_timeout_s()
+
+
+def connection_options() -> dict:
+    """The engine's socket settings (read at each call, so tests may lower the constants)."""
+    return {
+        "socket_keepalive": True,
+        "health_check_interval": 30,
+        "socket_timeout": socket_timeout_s(),
+        "socket_connect_timeout": SOCKET_CONNECT_TIMEOUT_S,
+        "retry": Retry(
+            ExponentialWithJitterBackoff(base=0.05, cap=_BACKOFF_CAP_S),
+            CONNECTION_RETRIES,
+            supported_errors=(redis.ConnectionError,),
+        ),
+    }
 
 
 def connect(url: str, **options) -> redis.Redis:
     """A client for ``url`` with the engine's timeouts; ``options`` (TLS, credentials) add to them."""
-    return redis.Redis.from_url(url, **(CONNECTION_OPTIONS | options))
+    return redis.Redis.from_url(url, **(connection_options() | options))
+
+
+def redact(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``: what may be printed or logged."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def job_prefix(job: str) -> str:
