@@ -454,7 +454,7 @@ class SpecError(ValueError):
     """A job spec problem, already phrased as ``file:line: field: what is wrong``."""
 
 
-class _JobLoader(yaml.SafeLoader):
+class _JobLoader(yaml.SafeLoader):  # type: ignore[misc]  # (yaml has no type stubs here)
     """YAML as people write numbers and mappings: ``1e9`` and ``3e-5`` are floats (YAML 1.2's
     rule; PyYAML's 1.1 rule wants a dot and reads them as strings), and a mapping that gives
     a key twice is an error at the second one (PyYAML keeps the last, silently)."""
@@ -463,7 +463,7 @@ class _JobLoader(yaml.SafeLoader):
         if isinstance(node, yaml.MappingNode):
             first: dict[Any, int] = {}
             for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+                key = self.construct_object(key_node, deep=True)
                 try:
                     seen = first.get(key)
                 except TypeError:  # an unhashable key: the base class says so
@@ -473,10 +473,10 @@ class _JobLoader(yaml.SafeLoader):
                         problem=f"duplicate key {key!r} (first on line {seen})", problem_mark=key_node.start_mark
                     )
                 first[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)  # type: ignore[no-untyped-call,no-any-return]
+        return super().construct_mapping(node, deep=deep)
 
 
-_JobLoader.add_implicit_resolver(  # type: ignore[no-untyped-call]
+_JobLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789")
 )
 
