@@ -229,6 +229,9 @@ class FaultSpec(_Strict):
     startup_timeout_s: float = Field(
         120, gt=0, description="... before its first heartbeat of a round (process start, Lambda cold start)"
     )
+    supervisor_timeout_s: float = Field(
+        120, gt=0, description="a stalled supervisor (no heartbeat) is waited for this long, then its workers fail"
+    )
     on_worker_loss: Literal["evict", "restart_round", "fail"] = Field(
         "evict", description="evict (go on without it) | restart_round (from its checkpoints) | fail; SSP restarts"
     )

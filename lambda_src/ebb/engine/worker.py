@@ -35,6 +35,7 @@ from ebb.engine.clock import wall
 from ebb.engine.errors import CheckpointError, EngineError
 from ebb.engine.isp import SignificanceFilter
 from ebb.engine.parts import PartCache
+from ebb.engine.pauses import PauseClock
 from ebb.engine.replica import copy_replica, load_state_arrays, state_arrays
 from ebb.engine.stopping import improved
 from ebb.engine.striping import PartSequence, position_of
@@ -118,6 +119,7 @@ class Worker:
         self._eval_every = eval_interval(spec, self.manifest)
         self._best: float | None = None
         self.cancelled = threading.Event()  # set by an in-process launcher tearing the job down
+        self.pauses = PauseClock()  # the supervisor's heartbeat is judged on our running time
         if start.donor_blob:
             self._adopt_replica(start.donor_blob)
 
@@ -209,6 +211,7 @@ class Worker:
         beating = threading.Event()
         beat = threading.Thread(target=self._heartbeat, args=(beating,), name=f"ebb-heartbeat-{self.me}", daemon=True)
         beat.start()
+        self.pauses.start()
         try:
             return self._run()
         except Lost:
@@ -221,6 +224,7 @@ class Worker:
             raise
         finally:
             beating.set()
+            self.pauses.stop()
             beat.join(timeout=5)  # not left running into interpreter shutdown
 
     def _heartbeat(self, stopped: threading.Event) -> None:
@@ -314,7 +318,7 @@ class Worker:
         # Under SSP directives pile up while we compute; under a barrier ours cannot be there yet.
         while self.slack and (d := self.signals.next_directive(self.me, 0)) is not None:
             self._receive(d)
-        started = time.monotonic()
+        started, since = time.monotonic(), wall()
         deadline = started + DIRECTIVE_WAIT_S
         while self.clock < need:
             d = self.signals.next_directive(self.me, min(WAIT_CHUNK_S, max(0.001, deadline - time.monotonic())))
@@ -322,8 +326,8 @@ class Worker:
                 self._receive(d)
             elif self.cancelled.is_set():
                 raise EngineError(f"worker {self.me}: cancelled")
-            elif time.monotonic() - started > self.spec.faults.worker_timeout_s:
-                self._check_still_wanted(need, time.monotonic() - started)
+            elif (waited := self.pauses.age(since)) > self.spec.faults.worker_timeout_s:
+                self._check_still_wanted(need, waited)
             elif time.monotonic() > deadline:
                 raise EngineError(
                     f"worker {self.me}: no word from the supervisor for {DIRECTIVE_WAIT_S:.0f} s "
@@ -332,15 +336,22 @@ class Worker:
         self.timer.lap("wait")
 
     def _check_still_wanted(self, need: int, waited: float) -> None:
-        """After a long wait: leave if the supervisor gave up on us, fail if it went silent."""
+        """After a long wait: leave if the supervisor gave up on us, fail if it went silent
+        for longer than its deadline (``faults.supervisor_timeout_s``; time we were paused
+        ourselves does not count: ``ebb.engine.pauses``)."""
         if self.updates.get_blob(lost_blob(self.me)) is not None:
             raise Lost()
         if (why := self.updates.get_blob(ABORT_BLOB)) is not None:
             raise EngineError(f"worker {self.me}: the supervisor gave the round up ({why.decode(errors='replace')})")
         faults = self.spec.faults
         beat = self.updates.heartbeats([SUPERVISOR_SLOT]).get(SUPERVISOR_SLOT)
-        silent = waited if beat is None else wall() - beat
-        if silent > (faults.worker_timeout_s if beat is not None else faults.startup_timeout_s):
+        silent = waited if beat is None else self.pauses.age(beat)
+        limit = (
+            faults.supervisor_timeout_s
+            if beat is not None
+            else max(faults.startup_timeout_s, faults.supervisor_timeout_s)
+        )
+        if silent > limit:
             raise EngineError(
                 f"worker {self.me}: the supervisor went silent (nothing for {silent:.0f} s) while "
                 f"this worker waited for step {need}'s directive"
