@@ -53,12 +53,14 @@ def test_a_silent_redis_fails_a_command_and_the_job_within_its_bound(small_ratin
     bound = redis_store.silent_server_bound_s()
     data_dir, _ = small_ratings
     with SilentServer() as server:
-        url = f"redis://:secret@127.0.0.1:{server.port}/0"
-        store = redis_store.RedisUpdateStore([url], "silent")
-        started = time.monotonic()
-        with pytest.raises(redis.TimeoutError):
-            store.heartbeat(0, 1.0)
-        assert time.monotonic() - started <= bound + 0.5 and server.connections == 2
+        for auth in ("", ":secret@"):  # (the handshakes differ: AUTH first, or CLIENT SETINFO)
+            url = f"redis://{auth}127.0.0.1:{server.port}/0"
+            store, before = redis_store.RedisUpdateStore([url], "silent"), server.connections
+            started = time.monotonic()
+            with pytest.raises(redis.TimeoutError):
+                store.heartbeat(0, 1.0)
+            # Two tries, each one read: redis-py 8 alone would make 4 tries (16 with its idle health check).
+            assert time.monotonic() - started <= bound and server.connections - before == 2
 
         spec = engine_spec(data_dir, tmp_path, workers=2, redis_urls=[url])
         started = time.monotonic()
@@ -66,7 +68,7 @@ def test_a_silent_redis_fails_a_command_and_the_job_within_its_bound(small_ratin
             run_local(spec)
         assert time.monotonic() - started <= bound + 2.0
     monkeypatch.undo()
-    assert redis_store.silent_server_bound_s() <= 31
+    assert redis_store.silent_server_bound_s() <= 42
 
 
 def test_a_client_that_wakes_before_its_redis_server_is_answered(redis_server, tmp_path, monkeypatch):
