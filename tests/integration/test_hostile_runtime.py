@@ -204,18 +204,19 @@ def test_workers_wait_out_a_stalled_supervisor(small_ratings, tmp_path):
         tmp_path / "out",
         workers=3,
         name="stalled-sup",
-        **{"faults.worker_timeout_s": 2, "stop.max_epochs": 12},
+        **{"faults.worker_timeout_s": 3, "stop.max_epochs": 12},
     )
     proc, result = _job_in_a_process(spec, tmp_path)
     supervisor = psutil.Process(proc.pid)
     supervisor.suspend()
-    time.sleep(4)
+    time.sleep(5)
     supervisor.resume()
     outcome = _outcome(proc, result)
     assert "failed" not in outcome, outcome.get("failed")
     report = outcome["report"]
     assert report["status"] == "max_epochs" and report["workers"] == {"initial": 3, "final": 3}
     assert report["scale_events"] == [] and report["faults"] == []
+    assert report["wall_seconds"] > 5  # the stall fell inside the job
 
 
 def test_a_whole_job_suspended_evicts_nobody(small_ratings, tmp_path, monkeypatch):
@@ -231,7 +232,7 @@ def test_a_whole_job_suspended_evicts_nobody(small_ratings, tmp_path, monkeypatc
         tmp_path / "out",
         workers=3,
         name="lid-closed",
-        **{"faults.worker_timeout_s": 3, "stop.max_epochs": 12},
+        **{"faults.worker_timeout_s": 4, "stop.max_epochs": 12},
     )
     proc, result = _job_in_a_process(spec, tmp_path)
     supervisor = psutil.Process(proc.pid)
@@ -240,7 +241,7 @@ def test_a_whole_job_suspended_evicts_nobody(small_ratings, tmp_path, monkeypatc
     assert len(workers) == 3
     for p in everyone:
         p.suspend()
-    time.sleep(5)
+    time.sleep(6)
     for p in everyone:
         if p not in workers:
             p.resume()  # the redis-server and the supervisor first ...
@@ -253,3 +254,4 @@ def test_a_whole_job_suspended_evicts_nobody(small_ratings, tmp_path, monkeypatc
     assert report["scale_events"] == [], report["scale_events"]
     assert report["status"] == "max_epochs" and report["workers"] == {"initial": 3, "final": 3}
     assert report["faults"] == []  # nor was a round run again
+    assert report["wall_seconds"] > 6  # the pause fell inside the job
