@@ -312,10 +312,14 @@ def _private_server() -> RedisServer:
 
 
 def _check_answers(url: str) -> None:
+    """One PING to a server the spec names: a refusal or silence is one line, before any work."""
+    client = connect(url)
     try:
-        connect(url).ping()
+        client.ping()
     except redis.RedisError as exc:
         raise EngineError(f"the update store {redact(url)} does not answer ({type(exc).__name__}: {exc})") from None
+    finally:
+        client.close()
 
 
 def run_local(
