@@ -255,3 +255,39 @@ def test_a_whole_job_suspended_evicts_nobody(small_ratings, tmp_path, monkeypatc
     assert report["status"] == "max_epochs" and report["workers"] == {"initial": 3, "final": 3}
     assert report["faults"] == []  # nor was a round run again
     assert report["wall_seconds"] > 6  # the pause fell inside the job
+
+
+def test_a_worker_judges_its_supervisor_on_its_own_running_time(small_ratings, tmp_path):
+    """The worker's side of a whole-job suspend: woken before its supervisor, it finds the
+    supervisor's heartbeat as old as the pause; that does not count against it."""
+    from ebb.engine import pauses
+    from ebb.engine.errors import EngineError
+    from ebb.engine.pauses import PauseClock
+    from ebb.engine.worker import Worker
+    from ebb.ports.keys import SUPERVISOR_SLOT
+    from ebb.ports.launcher import WorkerStart
+    from ebb.stores.local import FolderObjectStore
+    from ebb.stores.memory import MemorySignalChannel, MemoryUpdateStore
+
+    data_dir, _ = small_ratings
+    spec = engine_spec(data_dir, tmp_path, workers=2, **{"faults.supervisor_timeout_s": 4})
+    updates = MemoryUpdateStore()
+    worker = Worker(
+        spec,
+        WorkerStart(worker=1, members=[0, 1]),
+        data=FolderObjectStore(data_dir),
+        checkpoints=FolderObjectStore(tmp_path / "ckpt"),
+        updates=updates,
+        signals=MemorySignalChannel(),
+    )
+    clock = [1000.0]
+    worker.pauses = PauseClock(now=lambda: clock[0])
+    worker.pauses._thread = object()  # type: ignore[assignment]  # as if its ticking thread ran
+    updates.heartbeat(SUPERVISOR_SLOT, clock[0] - 0.5)
+    clock[0] += 20  # the whole job suspended
+    worker._check_still_wanted(need=7, waited=20)  # not silent for 20 s of *our* time
+    for _ in range(20):  # awake 5 s, ticking, and still nothing from the supervisor
+        clock[0] += pauses.TICK_S
+        worker.pauses.tick()
+    with pytest.raises(EngineError, match=r"worker 1: the supervisor went silent \(nothing for 6 s\)"):
+        worker._check_still_wanted(need=7, waited=25)
