@@ -271,8 +271,10 @@ class RedisSignalChannel:
         return bool(self._release(keys=self._barrier_keys(step, workers), args=[body, len(workers)]))
 
     def next_reports(self, timeout: float) -> list[StepReport | EndReport]:
-        if self.r.blpop([self.wake_key], timeout=min(timeout, BLOCK_CHUNK_S)) is None:
-            return []
+        # The reports are read whether or not the wake token came: a token can be lost (a
+        # client that woke from a pause past its socket timeout gave its BLPOP up while the
+        # server, paused too, still held it and later served it), the reports cannot.
+        self.r.blpop([self.wake_key], timeout=min(timeout, BLOCK_CHUNK_S))
         pipe = self.r.pipeline(transaction=True)  # atomic: no report slips between read and delete
         pipe.lrange(self.reports_key, 0, -1)
         pipe.delete(self.reports_key, self.wake_key)
