@@ -7,6 +7,7 @@ a deployed stack.
     ebb submit job.yaml --stack Ebb                     # the same job on AWS Lambda
     ebb watch EXECUTION                                 # its progress, until it ends
     ebb report EXECUTION --out runs/x                   # its report, model and plot
+    ebb predict --model runs/x --input rows.csv --out p.csv   # score rows with a trained model
 """
 
 from __future__ import annotations
@@ -307,8 +308,14 @@ def _print_summary(report: dict, out: str | None) -> None:
         print(f"report: {out.rstrip('/')}/report.json")
 
 
-SYNTH_PRESETS = ("ml-100k", "ml-latest-small", "ml-10m")  # ebb.data.synth.RATING_PRESETS (imported lazily)
-PLANTED_RATINGS = {"users": 2000, "items": 1500, "ratings": 200_000, "noise": 0.5}
+SYNTH_PRESETS = (
+    "ml-100k",
+    "ml-latest-small",
+    "ml-10m",
+    "ml-100k-wild",
+    "ml-latest-small-wild",
+)  # ebb.data.synth.RATING_PRESETS (imported lazily)
+PLANTED_RATINGS = {"users": 2000, "items": 1500, "ratings": 200_000, "noise": 0.5, "rank": 10}
 
 
 def _add_synth(sub) -> None:
@@ -329,7 +336,9 @@ def _add_synth(sub) -> None:
         "the sidecar records the preset, the realised shape and the best achievable RMSE.",
         epilog="presets: ml-100k (943 users, 1,682 items, 100,000 ratings 1-5), ml-latest-small (610 users, "
         "9,724 items, 100,836 half stars, 35% of items rated once), ml-10m (69,878 users, 10,677 items, "
-        "10,000,054 half stars; about a minute)",
+        "10,000,054 half stars; about a minute); ml-100k-wild and ml-latest-small-wild: the same counts with "
+        "real raters' irregularities (rank 30, a slow spectrum, a noise σ per user, heavy raters harsher, rare "
+        "items' biases wider)",
     )
     r.add_argument("--out", required=True, help="output file: .csv (ratings.csv), .dat (::), else u.data (tab)")
     r.add_argument("--preset", choices=SYNTH_PRESETS, help="shape the ratings like this MovieLens file")
@@ -337,7 +346,7 @@ def _add_synth(sub) -> None:
     r.add_argument("--users", type=int, help="number of users (default 2000, or the preset's)")
     r.add_argument("--items", type=int, help="number of items (default 1500, or the preset's)")
     r.add_argument("--ratings", type=int, help="number of ratings (default 200,000, or the preset's)")
-    r.add_argument("--rank", type=int, default=10, help="planted rank (default 10)")
+    r.add_argument("--rank", type=int, help="planted rank (default 10, or the preset's)")
     r.add_argument("--noise", type=float, help="Gaussian noise σ (default 0.5: the RMSE floor; a preset has its own)")
     r.set_defaults(func=cmd_synth)
     lg = kinds.add_parser("logistic", help="sparse logistic data with known true weights")
@@ -365,7 +374,7 @@ def cmd_synth(args) -> int:
         )
     elif args.kind == "ratings":
         sizes = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in PLANTED_RATINGS.items()}
-        meta = synth.synth_ratings(args.out, rank=args.rank, seed=args.seed, **sizes)
+        meta = synth.synth_ratings(args.out, seed=args.seed, **sizes)
     else:
         meta = synth.synth_logistic(args.out, rows=args.rows, features=args.features, nnz=args.nnz, seed=args.seed)
     print(json.dumps({k: v for k, v in meta.items() if not isinstance(v, (list, dict))}, indent=None))
@@ -630,12 +639,17 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ebb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--debug", action="store_true", help="print the full traceback of an error (also EBB_DEBUG=1)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{synth,prepare,train,spec,submit,watch,report}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{synth,prepare,train,spec,submit,watch,report,predict}"
+    )
     _add_synth(sub)
     _add_prepare(sub)
     _add_train(sub)
     _add_spec(sub)
     _add_aws(sub)
+    from ebb.predict.cli import add_predict  # ebb predict (issue 26)
+
+    add_predict(sub)
     for command in sub.choices.values():  # `ebb train ... --debug` as well as `ebb --debug train ...`
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser

@@ -101,6 +101,14 @@ class HyperParams(_Strict):
         "pace (steps: minibatches, / workers under sync.combine sum)",
         json_schema_extra=shown(per_model_hyper("lr_decay")),
     )
+    cold_k: int | None = Field(
+        None,
+        ge=0,
+        le=1_000_000,
+        description="PMF: a held-out rating whose user or item has at most this many training ratings "
+        "is predicted from the biases alone (0: off; scoring then reads the training split once)",
+        json_schema_extra=shown(per_model_hyper("cold_k")),
+    )
 
 
 class SyncSpec(_Strict):

@@ -1,7 +1,7 @@
 """Finalize (docs/ARCHITECTURE.md, "A job", step 3): merge the final replicas (or take the
-best one validation kept), score the test split, write the report, the model and the
-plot. A step of its own, after the last round, so no supervisor round pays for it (on AWS
-it is its own function).
+best one validation kept), score the test split, write the report, the model (with
+``model.json``, ``ebb.engine.artifact``) and the plot. A step of its own, after the last
+round, so no supervisor round pays for it (on AWS it is its own function).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from ebb.cost.model import perf_per_dollar
 from ebb.data.format import decode_batch
 from ebb.engine import checkpoint
 from ebb.engine.accounting import job_account
+from ebb.engine.artifact import write_artifact
 from ebb.engine.errors import EngineError
 from ebb.engine.outputs import write_outputs
-from ebb.engine.parts import PartCache
+from ebb.engine.parts import PartCache, prime_for_scoring
 from ebb.engine.replica import copy_replica
 from ebb.engine.state import SupervisorState
 from ebb.models import build_model
@@ -55,6 +56,7 @@ def evaluate(spec: JobSpec, data: ObjectStore, replica: dict[str, np.ndarray]) -
         return {}
     model = build_model(spec.model, manifest, spec.hyper, spec.seed)
     copy_replica(model, replica)
+    prime_for_scoring(data, manifest, model)
     return model.evaluate(PartCache(data, manifest, model, split="test", max_bytes=0).each())
 
 
@@ -166,5 +168,7 @@ def finalize(
         report.update(
             {"model": "best", "best_step": meta["step"], "best_epoch": meta["epoch"], "best_val": meta["value"]}
         )
-    write_outputs(out, report, replica)
+    manifest = load_manifest(data, spec.data)
+    artifact = write_artifact(out, data, spec, manifest, report, replica)
+    write_outputs(out, report, replica, extra=artifact)
     return report, replica

@@ -14,12 +14,18 @@ from ebb.ports.keys import MODEL_KEY, PLOT_KEY, REPORT_KEY
 from ebb.ports.objects import ObjectStore
 
 
-def write_outputs(out: ObjectStore, report: dict[str, Any], replica: dict[str, np.ndarray] | None) -> dict[str, str]:
+def write_outputs(
+    out: ObjectStore,
+    report: dict[str, Any],
+    replica: dict[str, np.ndarray] | None,
+    extra: dict[str, str] | None = None,
+) -> dict[str, str]:
     """Write model.npz (when there is a model), report.json (always), then loss.png (when
-    there is a history); returns the keys written. The model goes before the report, so a
-    reader that finds the report finds the model; the plot goes after it, so a plot that
-    cannot be drawn costs the plot only (``plot_error`` in the report says why)."""
-    files = {}
+    there is a history); returns the keys written (with ``extra``: keys written before, e.g.
+    the model artifact's). The model goes before the report, so a reader that finds the
+    report finds the model; the plot goes after it, so a plot that cannot be drawn costs
+    the plot only (``plot_error`` in the report says why)."""
+    files = dict(extra or {})
     if replica is not None:
         out.put(MODEL_KEY, encode_batch(replica))
         files["model"] = MODEL_KEY

@@ -35,7 +35,7 @@ from ebb.engine.cadence import eval_interval, learning_rate
 from ebb.engine.clock import wall
 from ebb.engine.errors import CheckpointError, EngineError
 from ebb.engine.isp import SignificanceFilter
-from ebb.engine.parts import PartCache
+from ebb.engine.parts import PartCache, prime_for_scoring
 from ebb.engine.pauses import PauseClock
 from ebb.engine.replica import copy_replica, load_state_arrays, state_arrays
 from ebb.engine.stopping import improved
@@ -436,6 +436,7 @@ class Worker:
             self._held_out = PartCache(
                 self.data, self.manifest, self.model, split=split, max_bytes=self.spec.aws.part_cache_bytes()
             )
+            prime_for_scoring(self.data, self.manifest, self.model)
         metrics = self.model.evaluate(self._held_out.each())
         epoch = (self.cursor + len(self.members)) / self.sequence.num_parts
         if split == "val":
