@@ -374,7 +374,7 @@ def test_a_waiting_worker_leaves_when_given_up_on_and_fails_when_the_supervisor_
     from ebb.stores.memory import MemorySignalChannel, MemoryUpdateStore
 
     data_dir, _ = small_ratings
-    spec = _spec(data_dir, tmp_path, **{"faults.worker_timeout_s": 5})
+    spec = _spec(data_dir, tmp_path, **{"faults.worker_timeout_s": 5, "faults.supervisor_timeout_s": 5})
     updates = MemoryUpdateStore()
     worker = Worker(
         spec,

@@ -36,6 +36,7 @@ from ebb.engine.clock import wall
 from ebb.engine.errors import CheckpointError, EngineError
 from ebb.engine.isp import SignificanceFilter
 from ebb.engine.parts import PartCache, prime_for_scoring
+from ebb.engine.pauses import PauseClock
 from ebb.engine.replica import copy_replica, load_state_arrays, state_arrays
 from ebb.engine.stopping import improved
 from ebb.engine.striping import PartSequence, position_of
@@ -145,6 +146,7 @@ class Worker:
         self._eval_every = eval_interval(spec, self.manifest)
         self._best: float | None = None
         self.cancelled = threading.Event()  # set by an in-process launcher tearing the job down
+        self.pauses = PauseClock()  # the supervisor's heartbeat is judged on our running time
         self._round_started = wall()  # reset by run(): when this invocation began its round
         if start.donor_blob:
             self._adopt_replica(start.donor_blob)
@@ -241,6 +243,7 @@ class Worker:
         beating = threading.Event()
         beat = threading.Thread(target=self._heartbeat, args=(beating,), name=f"ebb-heartbeat-{self.me}", daemon=True)
         beat.start()
+        self.pauses.start()
         try:
             return self._run()
         except Lost:
@@ -253,6 +256,7 @@ class Worker:
             raise
         finally:
             beating.set()
+            self.pauses.stop()
             beat.join(timeout=5)  # not left running into interpreter shutdown
 
     def _heartbeat(self, stopped: threading.Event) -> None:
@@ -346,7 +350,7 @@ class Worker:
         # Under SSP directives pile up while we compute; under a barrier ours cannot be there yet.
         while self.slack and (d := self.signals.next_directive(self.me, 0)) is not None:
             self._receive(d)
-        started = time.monotonic()
+        started, since = time.monotonic(), wall()
         deadline = started + DIRECTIVE_WAIT_S
         while self.clock < need:
             d = self.signals.next_directive(self.me, min(WAIT_CHUNK_S, max(0.001, deadline - time.monotonic())))
@@ -354,7 +358,7 @@ class Worker:
                 self._receive(d)
             elif self.cancelled.is_set():
                 raise EngineError(f"worker {self.me}: cancelled")
-            elif time.monotonic() - started > self.spec.faults.worker_timeout_s:
+            elif self.pauses.age(since) > self.spec.faults.worker_timeout_s:
                 self._check_still_wanted(need)
             elif time.monotonic() > deadline:
                 raise EngineError(
@@ -364,7 +368,9 @@ class Worker:
         self.timer.lap("wait")
 
     def _check_still_wanted(self, need: int) -> None:
-        """After a long wait: leave if the supervisor gave up on us, fail if it went silent."""
+        """After a long wait: leave if the supervisor gave up on us, fail if it went silent
+        for longer than its deadline (``faults.supervisor_timeout_s``; time we were paused
+        ourselves does not count: ``ebb.engine.pauses``)."""
         if self.updates.get_blob(lost_blob(self.me)) is not None:
             raise Lost()
         if (why := self.updates.get_blob(ABORT_BLOB)) is not None:
@@ -374,9 +380,10 @@ class Worker:
         # A beat from before this round began is the previous round's supervisor: this round's
         # may still be starting (a cold start), so it gets the start-up allowance, not the beat's.
         if beat is None or beat < self._round_started:
-            silent, allowed = wall() - self._round_started, faults.startup_timeout_s
+            silent = self.pauses.age(self._round_started)
+            allowed = max(faults.startup_timeout_s, faults.supervisor_timeout_s)
         else:
-            silent, allowed = wall() - beat, faults.worker_timeout_s
+            silent, allowed = self.pauses.age(beat), faults.supervisor_timeout_s
         if silent > allowed:
             raise EngineError(
                 f"worker {self.me}: the supervisor went silent (nothing for {silent:.0f} s) while "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import secrets
 import signal
 import threading
 import time
@@ -43,7 +44,7 @@ from ebb.ports.updates import UpdateStore
 from ebb.spec import JobSpec
 from ebb.stores import join_location, open_object_store
 from ebb.stores.memory import MemorySignalChannel, MemoryUpdateStore
-from ebb.stores.redis_store import RedisSignalChannel, RedisUpdateStore
+from ebb.stores.redis_store import RedisSignalChannel, RedisUpdateStore, connect, redact
 
 WORKER_NICENESS = 5  # the supervisor and redis-server sit on every step's critical path
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
@@ -265,8 +266,11 @@ class _Backend:
 
     def _redis(self) -> UpdateStore:
         if not self.spec.redis_urls:
-            self.server = self.stack.enter_context(RedisServer())
+            self.server = self.stack.enter_context(_private_server())
             self.urls = [self.server.url]
+        else:  # one that never answers fails here, within silent_server_bound_s, in one line
+            for url in self.urls:
+                _check_answers(url)
         updates = RedisUpdateStore(self.urls, self.job)
         self.stack.callback(updates.clear)
         return updates
@@ -277,14 +281,14 @@ class _Backend:
         how = "its workers start again"
         if store_lost and self.server is not None and not self.server.answers():
             self.server.stop()  # dead, or dying (a SIGKILL is not reaped at once): never read again
-            self.server = self.stack.enter_context(RedisServer())
+            self.server = self.stack.enter_context(_private_server())
             self.urls = [self.server.url]
-            how = f"the job's redis-server had died: a new one runs on {self.server.url}"
+            how = f"the job's redis-server had died: a new one runs on {redact(self.server.url)}"
         elif store_lost:
             deadline, delay = time.monotonic() + STORE_RECONNECT_S, 0.1
             while True:
                 try:
-                    redis.Redis.from_url(self.urls[0], socket_timeout=5).ping()
+                    connect(self.urls[0]).ping()
                     break
                 except redis.RedisError:
                     if time.monotonic() > deadline:
@@ -305,6 +309,24 @@ class _Backend:
 
 
 STORE_RECONNECT_S = 30.0  # how long an external update store may take to come back
+
+
+def _private_server() -> RedisServer:
+    """The job's own redis-server, with a random password: another local user can reach a
+    loopback port, not the job's state. The password travels inside the URL the workers are
+    handed (never printed: ``redact``)."""
+    return RedisServer(password=secrets.token_urlsafe(24))
+
+
+def _check_answers(url: str) -> None:
+    """One PING to a server the spec names: a refusal or silence is one line, before any work."""
+    client = connect(url)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise EngineError(f"the update store {redact(url)} does not answer ({type(exc).__name__}: {exc})") from None
+    finally:
+        client.close()
 
 
 def run_local(
