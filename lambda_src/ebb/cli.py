@@ -640,13 +640,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="print the full traceback of an error (also EBB_DEBUG=1)")
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="{synth,prepare,train,spec,submit,watch,report,predict}"
+        dest="command", required=True, metavar="{synth,prepare,train,tune,spec,submit,watch,report,predict}"
     )
     _add_synth(sub)
     _add_prepare(sub)
     _add_train(sub)
     _add_spec(sub)
     _add_aws(sub)
+    from ebb.tune.command import add_tune  # ebb tune: hyper-parameter search (ebb/tune/)
+
+    add_tune(sub)
     from ebb.predict.cli import add_predict  # ebb predict (issue 26)
 
     add_predict(sub)

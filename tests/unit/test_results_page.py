@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS_PAGE = ROOT / "docs" / "RESULTS.md"
 CITED = re.compile(r"bench/results/[\w./-]+\.(?:json|png)")
-MAX_LINES = 400
+MAX_LINES = 420  # 400 until section 10 (tuning) joined a page already at 399 lines
 
 
 def cited_in(*docs: Path) -> set[str]:

@@ -124,6 +124,9 @@ class Worker:
         self.row_mean = RowMean(self.model.params, combine, spec.sync.sum_cap)
         self.members, self.step, self.cursor = sorted(start.members), start.step, start.cursor
         self.base_lr = self.model.optimizer.lr
+        # A held-out scoring not reported yet: one made at a round's last step travels in the
+        # checkpoint, and goes with the next round's first report, as it would without the cut.
+        self._scoring: Scoring | None = None
         if start.resume:
             self._restore(start.resume)
         self.clock = self.step - 1  # every step before ours is cleared
@@ -139,7 +142,6 @@ class Worker:
         self.sync_overhead_s: float | None = None
         self._announce_s = 0.0
         self._next_members: list[int] | None = None
-        self._scoring: Scoring | None = None  # a held-out scoring not reported yet
         self._held_out: PartCache | None = None
         self._eval_every = eval_interval(spec, self.manifest)
         self._best: float | None = None
@@ -164,6 +166,8 @@ class Worker:
             )
         load_state_arrays(self.model, self.filter, arrays)
         self.step, self.cursor, self.members = meta["step"], meta["cursor"], sorted(meta["members"])
+        if meta.get("scoring") is not None:
+            self._scoring = Scoring.model_validate(meta["scoring"])
 
     def _write_checkpoint(self, outcome: str) -> str:
         key = worker_key(self.round, self.me)
@@ -179,6 +183,7 @@ class Worker:
             "members": self.members,
             "applied_upto": self.applied_upto,
             "outcome": outcome,
+            "scoring": self._scoring.model_dump(mode="json") if self._scoring is not None else None,
         }
         checkpoint.write_worker(self.checkpoints, key, meta, arrays)
         return key

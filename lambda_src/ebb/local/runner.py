@@ -340,6 +340,7 @@ def run_local(
     signals: SignalChannel | Callable[[int], SignalChannel] | None = None,
     measure_of: Callable | None = None,
     child_setup: Callable[[int], None] | None = None,
+    pause_after: Callable[[dict], bool] | None = None,
 ) -> tuple[dict, dict[str, np.ndarray]]:
     """Run ``spec`` to completion here, round by round; returns (report, merged model).
 
@@ -352,7 +353,10 @@ def run_local(
     every round, or ``signals(round)`` making each round's); ``measure_of(report)`` replaces
     what the fleet clock reads of a step (a ``WorkerStep``: replayed times, for reproducible runs).
     ``child_setup(worker_id)`` runs first in every worker process (``ProcessLauncher``; not
-    with in-process workers).
+    with in-process workers). ``pause_after(result)``, asked after each unfinished round
+    (``result``: the supervisor's ``{"steps", "round", ...}``), ends the call there when it says
+    so: nothing is finalized and ``({"status": "paused", **result}, {})`` is returned; a later
+    ``resume=True`` call continues from that round (``ebb tune`` promotes trials this way).
     """
     data = open_object_store(spec.data)
     out = open_object_store(spec.out_location)
@@ -442,6 +446,8 @@ def run_local(
                 faults = []
                 finished = result["status"] == "finished"
                 round_ += 1
+                if not finished and pause_after is not None and pause_after(result):
+                    return {**result, "status": "paused"}, {}
     except (Exception, KeyboardInterrupt) as exc:
         message = str(exc) or "interrupted (Ctrl-C)"
         if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
