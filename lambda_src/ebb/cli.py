@@ -142,6 +142,10 @@ def cmd_train(args) -> int:
         report["spec"] = spec.model_dump(mode="json")
         write_outputs(out, report, None)
     _print_summary(report, spec.out_location)
+    from ebb.plan.cli import smaller_fleet_note
+
+    if note := smaller_fleet_note(report):
+        print(note, file=sys.stderr)
     return 0 if report["status"] != "failed" else 1
 
 
@@ -517,17 +521,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ebb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{synth,prepare,train,spec,submit,watch,report}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{synth,prepare,train,plan,spec,submit,watch,report}"
+    )
     _add_synth(sub)
     _add_prepare(sub)
     _add_train(sub)
     _add_spec(sub)
     _add_aws(sub)
+    # ebb plan (issue 27): the command, and `--workers plan` on train and submit.
+    from ebb.plan.cli import accept_workers_plan, add_plan
+
+    add_plan(sub)
+    for name in ("train", "submit"):
+        accept_workers_plan(sub.choices[name])
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from ebb.plan.cli import resolve_workers_plan
+
+    if (code := resolve_workers_plan(args)) is not None:
+        return code
     return args.func(args)
 
 

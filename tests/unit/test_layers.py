@@ -18,6 +18,7 @@ FLOORS = [
     {"ebb.data"},
     {"ebb.engine"},
     {"ebb.local", "ebb.aws", "ebb.deployed", "ebb.flags"},
+    {"ebb.plan"},
     {"ebb.cli"},
 ]
 # The zip functions (validate, on_failure) import these; they must not need numpy or torch.
