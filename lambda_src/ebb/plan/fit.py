@@ -50,13 +50,18 @@ class SizeSample:
     step_s: float  # measured fleet-clock seconds per step
     miss_share: float = 1.0  # share of the measured worker-steps that fetched
     fetching_cpu_s: float = math.nan  # a fetching step's CPU
+    first_extra_s: float = 0.0  # a wave's first step beyond the cold start and a step (state set-up)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def sample_of(
-    workers: int, steps: Sequence[Mapping[int, WorkerStep]], gets: Sequence[Mapping[int, int]], step_s: float
+    workers: int,
+    steps: Sequence[Mapping[int, WorkerStep]],
+    gets: Sequence[Mapping[int, int]],
+    step_s: float,
+    first_extra_s: float = 0.0,
 ) -> SizeSample:
     """Reduce a profile's per-step, per-worker measures (``gets``: minibatch fetches of
     each worker-step) to the means the fit uses."""
@@ -83,6 +88,7 @@ def sample_of(
         step_s=float(step_s),
         miss_share=len(cpu_miss) / (len(cpu_miss) + len(cpu_hit)),
         fetching_cpu_s=miss_mean,
+        first_extra_s=max(0.0, first_extra_s),
     )
 
 
@@ -127,6 +133,7 @@ class StepModel:
     straggle: Line
     links: Links
     sizes: tuple[int, ...] = ()
+    first_extra: Line = Line(0.0, 0.0)  # a round's first step beyond a step, by peers
 
     def parts(self, workers: int, miss: float = 0.0) -> dict[str, float]:
         """Seconds of each part of a step at ``workers``, a worker fetching a minibatch with
@@ -186,6 +193,7 @@ def fit_step_model(samples: Sequence[SizeSample], links: Links, fetch_cpu_s: flo
         straggle=Line(1.0, 0.0),
         links=links,
         sizes=tuple(s.workers for s in samples),
+        first_extra=_line(peers, [s.first_extra_s for s in samples]),
     )
     barrier = links.barrier_ms / 1e3
     ratios = []

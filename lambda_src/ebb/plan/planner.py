@@ -103,7 +103,8 @@ def profile_size(spec: JobSpec, workers: int, steps: int, *, eval_every: int = 0
     kept = sorted(s for s in by_step if s > 0)
     times = [h["time"] for h in history]
     step_s = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else times[0]
-    sample = sample_of(workers, [by_step[s] for s in kept], [gets[s] for s in kept], step_s)
+    first_extra = times[0] - trial.clock.cold_start_s - step_s
+    sample = sample_of(workers, [by_step[s] for s in kept], [gets[s] for s in kept], step_s, first_extra)
     unit = one_worker_epoch(trial, parts)
     split = "val" if manifest.has_val else "test"
     curve = ([(h["step"] + 1) / unit for h in history if split in h], [h[split] for h in history if split in h])
@@ -196,7 +197,8 @@ def predict(
         epoch += 1
     links = model.links
     rounds = max(1, math.ceil(train_s / sized.round_seconds))
-    wall = train_s + rounds * links.cold_start_s
+    start_s = links.cold_start_s + max(0.0, model.first_extra(workers - 1))
+    wall = train_s + rounds * start_s
     account = JobAccount(
         wall_seconds=wall,
         worker_seconds=workers * wall,
@@ -216,7 +218,7 @@ def predict(
         "seconds": wall,
         "usd": cost["total_usd"],
         "usd_by_component": {k: v for k, v in cost["by_component"].items() if v > 0},
-        "seconds_by_part": {**{k: v for k, v in parts_sum.items()}, "cold_start": rounds * links.cold_start_s},
+        "seconds_by_part": {**{k: v for k, v in parts_sum.items()}, "start": rounds * start_s},
         "perf_per_dollar": perf_per_dollar(wall, cost["total_usd"]),
     }
 
