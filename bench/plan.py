@@ -9,10 +9,10 @@ best measured configuration on that objective.
     python bench/plan.py                                   # PMF quick, PMF ML-10M shape, sparse LR Criteo shape
     python bench/plan.py --jobs pmf-quick --workers 4,8    # one job, two sizes
 
-Jobs: ``pmf-quick`` (1M planted ratings, 2 epochs), ``pmf-ml10m`` (10M ratings at
-MovieLens-10M shape, 0.2 epochs: the same steps per size as the others, a smaller share
-of the data, for time), ``sparse_lr-criteo`` (1M Criteo-shaped rows, 1 epoch). JSON to
-bench/results/plan/<label>.json.
+Jobs: ``pmf-quick`` (1M planted ratings, 8 epochs), ``pmf-ml10m`` (10M ratings at
+MovieLens-10M shape, half an epoch, for time: the steps of 5 quick epochs, each a
+MovieLens-10M step), ``sparse_lr-criteo`` (1M Criteo-shaped rows, 4 epochs). JSON to
+bench/results/plan/<label>.json, the plan's plot beside it.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from ebb.spec import load_spec  # noqa: E402
 DATA = Path(__file__).resolve().parent / "data"
 
 JOBS = {
-    "pmf-quick": {"model": "pmf", "shape": "quick", "epochs": 2.0},
-    "pmf-ml10m": {"model": "pmf", "shape": "ml10m", "epochs": 0.2},
-    "sparse_lr-criteo": {"model": "sparse_lr", "shape": "criteo", "epochs": 1.0},
+    "pmf-quick": {"model": "pmf", "shape": "quick", "epochs": 8.0},
+    "pmf-ml10m": {"model": "pmf", "shape": "ml10m", "epochs": 0.5},
+    "sparse_lr-criteo": {"model": "sparse_lr", "shape": "criteo", "epochs": 4.0},
 }
 
 

@@ -151,15 +151,15 @@ def knee_run(tuner: ScaleInTuner, *, workers: int = 8, step_s=lambda p: 0.1, ste
 def test_the_guard_refuses_an_eviction_the_model_says_cannot_pay():
     # Under sync.combine sum (γ = 1) a worker fewer needs 8/7 the steps; a CPU-bound step
     # is no faster with fewer peers, so the remaining work takes longer and costs about
-    # as much: T'/T = 8/7 + 2 settling steps of the 200 in an interval, so the predicted
-    # Perf/$ is 0.265/0.237 / (8/7 + 0.01)² ≈ 0.84. The knee's eviction is refused.
+    # as much: T'/T = 8/7 + 2 settling steps of the R left (the time so far over a step),
+    # so the predicted Perf/$ is about 0.265/0.237 / (8/7)² ≈ 0.86. The knee's eviction is refused.
     guarded = ScaleInTuner(min_workers=2, throughput_tolerance=1.0, progress_exponent=1.0, **PRICES)
     sizes = knee_run(guarded)
     assert set(sizes) == {8}
     refusal = guarded.decisions[0]
     assert refusal["at_knee"] and not refusal["evict"]
     assert refusal["predicted_gain"] == pytest.approx(
-        (8 * 2.88e-5 + 3.5e-5) / (7 * 2.88e-5 + 3.5e-5) / (8 / 7 + 2 / 200) ** 2, rel=1e-3
+        (8 * 2.88e-5 + 3.5e-5) / (7 * 2.88e-5 + 3.5e-5) / (8 / 7 + 2 / (refusal["remaining_s"] / 0.1)) ** 2, rel=1e-3
     )
     assert refusal["predicted_gain"] < 1
     # Without prices (the guard off) the same run evicts at the knee.

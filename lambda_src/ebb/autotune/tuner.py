@@ -38,8 +38,10 @@ beyond the point where its step time grows as fast as its size — and refuses t
 Cost guard (issue 27; docs/RESULTS.md, "Planning a job"): with the job's prices given
 (``worker_usd_s`` per worker-second, ``fixed_usd_s`` for what bills whatever the fleet:
 supervisor, cache node), every eviction, the knee's included, must also pay for itself.
-Over the work of the next interval (R steps at the current fleet) the planner's model
-predicts the remaining job's Perf/$ with one worker fewer::
+An eviction lasts for the rest of the job, whose length is unknown: R, the steps left at
+the current fleet, is taken as the job's time so far (a job past its knee has typically
+about as long again to go), at least one interval. The planner's model predicts the
+remaining job's Perf/$ with one worker fewer::
 
     T = R·d_p                 C = T·(p·w + f)
     T' = R·(p/(p−1))^γ·d_{p−1} + settle·d_{p−1}      C' = T'·((p−1)·w + f)
@@ -245,7 +247,7 @@ class ScaleInTuner:
         self.reference = reference
         self.reference_step_s = step_s
         self.reference_workers = int(workers)
-        guard = self.cost_guard(workers)
+        guard = self.cost_guard(workers, elapsed_s)
         if guard is not None and not guard["pays"]:
             self._settle_realised(workers)
             self.decisions.append(
@@ -303,7 +305,7 @@ class ScaleInTuner:
         throughput = self.throughput_after_eviction(workers)
         keeps_pace = throughput is None or throughput >= 1.0 - self.throughput_tolerance
         self._settle_realised(workers)
-        guard = self.cost_guard(workers)
+        guard = self.cost_guard(workers, elapsed_s)
         pays = guard is None or guard["pays"]
         evict = s_delta is not None and s_delta < self.tolerance and keeps_pace and pays
         self.decisions.append(
@@ -386,16 +388,16 @@ class ScaleInTuner:
             slope = float(np.polyfit(sizes, [measured[int(p)] for p in sizes], 1)[0])
         return min(now, max(now - slope, now * (workers - 1) / workers))
 
-    def predicted_gain(self, workers: int, step_now: float, step_after: float) -> float:
+    def predicted_gain(self, workers: int, step_now: float, step_after: float, remaining_s: float) -> float:
         """The remaining work's Perf/$ with ``workers - 1`` over that with ``workers``
         (the module docstring's formula; > 1: the eviction pays)."""
         p, w, f = workers, self.worker_usd_s, self.fixed_usd_s
-        work = max(1.0, self.interval_s / step_now)  # R: the steps of the next interval
+        work = max(1.0, max(self.interval_s, remaining_s) / step_now)  # R
         t_now = work * step_now
         t_after = work * (p / (p - 1)) ** self.progress_exponent * step_after + self.settle_steps * step_after
         return (t_now * t_now * (p * w + f)) / (t_after * t_after * ((p - 1) * w + f))
 
-    def cost_guard(self, workers: int) -> dict | None:
+    def cost_guard(self, workers: int, elapsed_s: float) -> dict | None:
         """Whether evicting one of ``workers`` pays for itself (None: no prices, guard off)."""
         if self.worker_usd_s <= 0 or workers < 2:
             return None
@@ -404,8 +406,14 @@ class ScaleInTuner:
         after = self._step_after(workers, measured)
         if now is None or after is None or now <= 0:
             return None
-        gain = self.predicted_gain(workers, now, after)
-        return {"pays": gain > 1.0 + self.cost_margin, "predicted_gain": gain, "step_s": now, "predicted_step_s": after}
+        gain = self.predicted_gain(workers, now, after, elapsed_s)
+        return {
+            "pays": gain > 1.0 + self.cost_margin,
+            "predicted_gain": gain,
+            "step_s": now,
+            "predicted_step_s": after,
+            "remaining_s": max(self.interval_s, float(elapsed_s)),
+        }
 
     def _settle_realised(self, workers: int) -> None:
         """Fill the last eviction's realised effect once the smaller fleet has been timed:
@@ -418,7 +426,9 @@ class ScaleInTuner:
         if measured is None:
             return
         last["realised_step_s"] = round(measured, 6)
-        last["realised_gain"] = round(self.predicted_gain(workers + 1, last["step_s"], measured), 4)
+        last["realised_gain"] = round(
+            self.predicted_gain(workers + 1, last["step_s"], measured, last["remaining_s"]), 4
+        )
 
     def _record_eviction(self, elapsed_s: float, workers: int, reason: str, s_delta: float | None) -> None:
         self.evictions.append(
@@ -512,6 +522,7 @@ def _guard_fields(guard: dict) -> dict:
         "step_s": round(guard["step_s"], 6),
         "predicted_step_s": round(guard["predicted_step_s"], 6),
         "predicted_gain": round(guard["predicted_gain"], 4),
+        "remaining_s": round(guard["remaining_s"], 3),
     }
 
 
