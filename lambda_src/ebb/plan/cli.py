@@ -164,12 +164,12 @@ def _job_flags(args) -> Any:
 
 def smaller_fleet_note(report: dict) -> str | None:
     """One line when this run's own measurements say a smaller fleet would have reached
-    the same point both sooner and cheaper (by 10 % or more each), else None.
+    the same point both sooner (by 5 % or more) and cheaper (by 10 %), else None.
 
     The run is refitted at its own size (its totals: CPU, bytes, steps) and the smaller
-    sizes predicted with the engine's epoch-per-P rule for its progress; one measured size
-    gives no slopes, so only the bytes read shrink with the peers (a CPU that shrinks too
-    makes the smaller fleet better still)."""
+    sizes predicted with the engine's epoch-per-P rule for its progress. One measured size
+    gives no slopes: the bytes read and the CPU of applying the peers' updates (its share
+    of the CPU by the run's phase timings) shrink with the peers, the rest stays."""
     from ebb.engine.fleet_clock import Links
     from ebb.plan.fit import Line, StepModel
     from ebb.plan.planner import predict
@@ -183,8 +183,14 @@ def smaller_fleet_note(report: dict) -> str | None:
     if p < 2 or steps < 2 or report.get("status") == "failed" or report["workers"].get("final") != p:
         return None
     reports = max(1, totals.get("reports", 0))
+    # The CPU a step spends on the peers' updates (applying them) grows with the fleet; the
+    # rest (fetch, the local step, the filter) does not: split the run's CPU by its phases.
+    phases = totals.get("timing_seconds", {})
+    own = sum(phases.get(k, 0.0) for k in ("fetch", "compute", "filter"))
+    peers_share = phases.get("apply", 0.0) / (own + phases.get("apply", 0.0)) if own > 0 else 0.0
+    cpu = totals.get("cpu_critical_seconds", 0.0) / steps
     model = StepModel(
-        cpu=Line(totals.get("cpu_critical_seconds", 0.0) / steps, 0.0),
+        cpu=Line(cpu * (1 - peers_share), cpu * peers_share / (p - 1)),
         fetch_cpu=0.0,
         io_cpu=Line(0.0, 0.0),
         sent=Line(totals.get("bytes_sent", 0) / (steps * p), 0.0),
@@ -201,7 +207,7 @@ def smaller_fleet_note(report: dict) -> str | None:
     better = []
     for q in (q for q in (1, 2, 4, 8, 16, 32) if q < p):
         there = predict(spec, model, q, spec.aws.memory_mb, num_parts=parts, progress_units=units)
-        if there["seconds"] <= 0.9 * here["seconds"] and there["usd"] <= 0.9 * here["usd"]:
+        if there["seconds"] <= 0.95 * here["seconds"] and there["usd"] <= 0.9 * here["usd"]:
             better.append(there)
     if not better:
         return None
