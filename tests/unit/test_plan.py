@@ -14,14 +14,13 @@ from ebb.plan.planner import pareto_front, recommend
 
 LINKS = Links(link_mb_s=75.0, rtt_ms=0.4, node_mb_s=625.0, cold_start_s=3.0, barrier_ms=0.5)
 
-# A planted step: CPU grows with the peers (apply), a fetch costs 4 ms, sends shrink a
-# little (ISP), a worker reads every peer's 60 kB, the barrier's wait for the slowest
-# grows as ln P.
+# A planted step: CPU grows with the peers (apply), a fetch costs 4 ms, a worker sends
+# 80 kB and reads every peer's 60 kB, the barrier's wait for the slowest grows as ln P.
 PLANTED = StepModel(
     cpu=Line(0.020, 0.0015),
     fetch_cpu=0.004,
     io_cpu=Line(0.001, 0.0002),
-    sent=Line(80_000.0, -500.0),
+    sent=Line(80_000.0, 0.0),
     read_per_peer=Line(60_000.0, 0.0),
     requests=Line(3.0, 1.0),
     straggle=Line(1.0, 0.08),

@@ -3,9 +3,13 @@
 **Step time against the fleet size P**, from the fleet clock's parts
 (``ebb.engine.fleet_clock``). A profile at a few sizes measures, per worker and step, the
 CPU (with and without a minibatch fetched and decoded), the CPU inside the update store's
-calls, the bytes written and read and the round trips. Each part is fitted as a straight
-line in the peers ``P - 1`` (a worker reads, decodes and applies every peer's update) and
-composed again with the fleet clock's own formula at any P::
+calls, the bytes written and read and the round trips. The CPU parts and the round trips
+are fitted as straight lines in the peers ``P - 1`` (a worker reads, decodes and applies
+every peer's update); the bytes a worker sends, and reads per peer, as the profiles' mean:
+what ISP sends follows the training's progress more than the fleet size, and profiles of
+the same steps at different sizes sit at different progress, so a slope across them
+extrapolates the progress, not P (it took sparse LR's bytes to zero at 32 workers). The
+parts are composed again with the fleet clock's own formula at any P::
 
     t(P) = barrier + straggle(P) × [(cpu - io) + max(io, write + read) + requests × rtt]
     write = max(sent / link, P × sent / node)    read = max(read / link, P × read / node)
@@ -121,8 +125,8 @@ def _line(xs: Sequence[float], ys: Sequence[float], *, floor: float | None = 0.0
 
 @dataclass(frozen=True)
 class StepModel:
-    """Step time at any fleet size from the fitted parts (each a line in ``P - 1``, bytes
-    read per peer a line too, the straggle a line in ``ln P``)."""
+    """Step time at any fleet size from the fitted parts (CPU and requests lines in
+    ``P - 1``, bytes sent and read per peer constants, the straggle a line in ``ln P``)."""
 
     cpu: Line
     fetch_cpu: float
@@ -187,8 +191,10 @@ def fit_step_model(samples: Sequence[SizeSample], links: Links, fetch_cpu_s: flo
         cpu=_line(peers, cpu),
         fetch_cpu=fetch_cpu,
         io_cpu=_line(peers, [s.io_cpu_s for s in samples]),
-        sent=_line(peers, [s.sent_bytes for s in samples]),
-        read_per_peer=_line([p for p in peers if p > 0], [r for r in read_pp if math.isfinite(r)]),
+        sent=Line(float(np.mean([s.sent_bytes for s in samples])), 0.0),
+        read_per_peer=Line(
+            float(np.mean(finite)) if (finite := [r for r in read_pp if math.isfinite(r)]) else 0.0, 0.0
+        ),
         requests=_line(peers, [s.requests for s in samples]),
         straggle=Line(1.0, 0.0),
         links=links,
