@@ -181,3 +181,41 @@ def test_the_guard_takes_evictions_that_pay_and_reports_their_realised_effect():
         assert math.isfinite(d["realised_gain"]) and d["realised_gain"] > 1
     # The guard's settings survive a checkpoint.
     assert ScaleInTuner.from_state_dict(guarded.state_dict()).config() == guarded.config()
+
+
+# ------------------------------------------------------------ ebb train's one-line note
+
+
+def _report(model: str, *, workers: int = 8, steps: int = 400, apply_share: float = 0.5) -> dict:
+    from ebb.spec import load_spec
+
+    spec = load_spec(overrides={"data": "d", "model": model, "workers": workers, "clock.kind": "fleet"})
+    cpu = 0.02  # the busiest worker's CPU a step, half of it applying the 7 peers' updates
+    return {
+        "status": "early_stopped",
+        "spec": spec.model_dump(mode="json"),
+        "workers": {"initial": workers, "final": workers},
+        "steps": steps,
+        "epochs": steps * workers / 160,
+        "totals": {
+            "cpu_critical_seconds": cpu * steps,
+            "timing_seconds": {"fetch": 0.0, "compute": 1 - apply_share, "filter": 0.0, "apply": apply_share},
+            "bytes_sent": 100_000 * steps * workers,
+            "bytes_received": 100_000 * (workers - 1) * steps * workers,
+            "reports": steps * workers,
+        },
+    }
+
+
+def test_train_notes_a_smaller_fleet_that_is_sooner_and_cheaper_only_when_there_is_one():
+    from ebb.plan.cli import smaller_fleet_note
+
+    # PMF (combine mean): a smaller fleet takes the same steps, each with fewer peers to
+    # apply and read: sooner and cheaper, so the run says so in one line.
+    note = smaller_fleet_note(_report("pmf"))
+    assert note is not None and note.startswith("note: 1 worker would likely have been sooner") and "\n" not in note
+    # Sparse LR (combine sum): a smaller fleet needs proportionally more steps: no note.
+    assert smaller_fleet_note(_report("sparse_lr")) is None
+    # A run the tuner scaled in, or a lone worker, is not judged.
+    assert smaller_fleet_note({**_report("pmf"), "workers": {"initial": 8, "final": 5}}) is None
+    assert smaller_fleet_note(_report("pmf", workers=1)) is None
