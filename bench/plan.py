@@ -156,7 +156,7 @@ def main(argv=None) -> None:
             "median_abs_error": statistics.median(errors),
             "worst_abs_error": max(errors),
         }
-        png = result_path("plan", f"{args.label or name}-front").with_suffix(".png")
+        png = result_path("plan", f"{args.label}-{name}-front" if args.label else f"{name}-front").with_suffix(".png")
         png.parent.mkdir(parents=True, exist_ok=True)
         plot(plan, png)
         table += rows
