@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_table, result_path, write_json  # noqa: E402
 
 from ebb.local.runner import run_local  # noqa: E402
-from ebb.plan.planner import make_plan, plot, recommend  # noqa: E402
+from ebb.plan.planner import draw, make_plan, recommend  # noqa: E402
 from ebb.spec import load_spec  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -93,7 +93,12 @@ def main(argv=None) -> None:
     ap.add_argument("--max-seconds", type=float, default=None)
     ap.add_argument("--max-usd", type=float, default=None)
     ap.add_argument("--label", default=None, help="JSON name (default: the jobs)")
+    ap.add_argument("--replot", metavar="JSON", help="only draw the plans of a result JSON (beside it)")
     args = ap.parse_args(argv)
+    if args.replot:
+        import json
+
+        return plot_plans(json.loads(Path(args.replot).read_text())["jobs"], Path(args.replot).with_suffix(".png"))
     sizes = [int(v) for v in args.workers.split(",")]
     results, table = {}, []
     for name in args.jobs.split(","):
@@ -156,9 +161,6 @@ def main(argv=None) -> None:
             "median_abs_error": statistics.median(errors),
             "worst_abs_error": max(errors),
         }
-        png = result_path("plan", f"{args.label}-{name}-front" if args.label else f"{name}-front").with_suffix(".png")
-        png.parent.mkdir(parents=True, exist_ok=True)
-        plot(plan, png)
         table += rows
         print(
             f"{name}: median |error| {100 * results[name]['median_abs_error']:.1f} %, worst "
@@ -194,10 +196,27 @@ def main(argv=None) -> None:
         f"{100 * summary['worst_abs_error']:.1f} % (≤ 30); recommendation within "
         f"{100 * summary['max_regret']:.1f} % of the best measured (≤ 10)"
     )
-    write_json(
+    out = write_json(
         result_path("plan", args.label or "-".join(results)),
         {"summary": summary, "jobs": results, "settings": vars(args)},
     )
+    plot_plans(results, out.with_suffix(".png"))
+
+
+def plot_plans(jobs: dict, png: Path) -> None:
+    """Each job's plan, time against $ (its front joined, its pick ringed), side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(jobs), figsize=(5 * len(jobs), 4), squeeze=False)
+    for ax, (name, job) in zip(axes[0], jobs.items()):
+        draw(ax, job["plan"], title=f"{name}: predicted time against $")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    print(f"wrote {png}")
 
 
 if __name__ == "__main__":

@@ -394,10 +394,19 @@ def plot(plan: Plan, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    xs = [r["usd"] for r in plan.rows]
-    ys = [r["seconds"] for r in plan.rows]
-    ax.scatter(xs, ys, color="0.6", s=25, label="configuration")
-    for r in plan.rows:
+    draw(ax, plan.to_dict())
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def draw(ax: Any, plan: dict[str, Any], title: str = "ebb plan: time against cost per configuration") -> None:
+    """Draw a plan (``Plan.to_dict()``) on a matplotlib axis."""
+    rows = plan["rows"]
+    ax.scatter([r["usd"] for r in rows], [r["seconds"] for r in rows], color="0.6", s=25, label="configuration")
+    for r in rows:
         ax.annotate(
             f"{r['workers']}w/{r['memory_mb']}",
             (r["usd"], r["seconds"]),
@@ -405,10 +414,9 @@ def plot(plan: Plan, path: str | Path) -> Path:
             xytext=(3, 3),
             textcoords="offset points",
         )
-    front = [plan.rows[i] for i in plan.front]
+    front = plan["pareto_front"]
     ax.plot([r["usd"] for r in front], [r["seconds"] for r in front], "o-", color="tab:blue", label="Pareto front")
-    if plan.recommended is not None:
-        r = plan.rows[plan.recommended]
+    if (r := plan["recommended"]) is not None:
         ax.scatter(
             [r["usd"]], [r["seconds"]], s=180, facecolors="none", edgecolors="tab:red", lw=2, label="recommended"
         )
@@ -416,10 +424,5 @@ def plot(plan: Plan, path: str | Path) -> Path:
     ax.set_yscale("log")
     ax.set_xlabel("predicted $ (us-east-1 list prices)")
     ax.set_ylabel("predicted seconds (fleet clock)")
-    ax.set_title("ebb plan: time against cost per configuration")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
