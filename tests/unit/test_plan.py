@@ -208,6 +208,8 @@ def _report(model: str, *, workers: int = 8, steps: int = 400, apply_share: floa
 
 
 def test_train_notes_a_smaller_fleet_that_is_sooner_and_cheaper_only_when_there_is_one():
+    # (On the README's quick-start ratings, 8 workers on the fleet clock, early stopping, the
+    # note said 1 worker: 7.6 s and $0.0008 against the run's 13.5 s and $0.0041.)
     from ebb.plan.cli import smaller_fleet_note
 
     # PMF (combine mean): a smaller fleet takes the same steps, each with fewer peers to
@@ -216,6 +218,6 @@ def test_train_notes_a_smaller_fleet_that_is_sooner_and_cheaper_only_when_there_
     assert note is not None and note.startswith("note: 1 worker would likely have been sooner") and "\n" not in note
     # Sparse LR (combine sum): a smaller fleet needs proportionally more steps: no note.
     assert smaller_fleet_note(_report("sparse_lr")) is None
-    # A run the tuner scaled in, or a lone worker, is not judged.
-    assert smaller_fleet_note({**_report("pmf"), "workers": {"initial": 8, "final": 5}}) is None
+    # A lone worker, or a failed run, is not judged.
     assert smaller_fleet_note(_report("pmf", workers=1)) is None
+    assert smaller_fleet_note({**_report("pmf"), "status": "failed"}) is None

@@ -180,7 +180,8 @@ def smaller_fleet_note(report: dict) -> str | None:
         p, steps, totals = report["workers"]["initial"], report["steps"], report["totals"]
     except (KeyError, TypeError, ValueError):
         return None
-    if p < 2 or steps < 2 or report.get("status") == "failed" or report["workers"].get("final") != p:
+    # A run the tuner scaled in is judged at its initial fleet, where it spent most steps.
+    if p < 2 or steps < 2 or report.get("status") == "failed":
         return None
     reports = max(1, totals.get("reports", 0))
     # The CPU a step spends on the peers' updates (applying them) grows with the fleet; the
