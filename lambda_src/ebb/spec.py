@@ -252,9 +252,14 @@ class PrepareSpec(_Strict):
     skip_bad_rows: bool = Field(False, description="count and skip malformed rows instead of stopping")
     num_features: int = Field(100_000, ge=1, description="hashing-trick dimension (criteo)")
     numeric_scaling: Literal["log", "minmax"] = Field("log", description="criteo integer columns: log | minmax")
+    max_dimension: int = Field(
+        1 << 24, ge=1, description="at most this many features, users or items (a larger dataset is refused)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> PrepareSpec:
+        if self.format == "criteo" and self.num_features > self.max_dimension:
+            raise ValueError(f"num_features {self.num_features} is more than max_dimension {self.max_dimension}")
         if self.test_input is None and self.test_fraction + self.val_fraction >= 1:
             raise ValueError(
                 f"test_fraction + val_fraction must be below 1, got {self.test_fraction} + {self.val_fraction}"
@@ -521,6 +526,10 @@ def load_spec(
             text = Path(path).read_text()
         except OSError as exc:
             raise SpecError(f"{path}: cannot read job file: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:  # a binary file named as the job file
+            raise SpecError(
+                f"{path}: not a text file (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
+            ) from None
     try:
         doc = yaml.safe_load(text) if text else {}
     except yaml.YAMLError as exc:

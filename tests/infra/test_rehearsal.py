@@ -39,6 +39,7 @@ JOB = {
 }
 STEPS = 4  # two rounds of two steps: the fewest that show a round handing over to the next
 EXECUTION_DEADLINE_S = 240  # a hung execution fails the test with its history, not the CI job
+START_DEADLINE_S = 180  # a job that never starts training fails here (generous: CI runs the layers side by side)
 # After an execution fails, every invocation of its job has returned within this (docs/AWS.md "Abort").
 ORPHAN_DEADLINE_S = 20
 FINISHED_OUTPUT = {"job_id", "spec_key", "status", "round", "workers", "steps", "stop_reason", "report"}
@@ -277,7 +278,7 @@ def test_a_lost_worker_fails_the_job_and_no_invocation_runs_on(aws):
         "faults": {"worker_timeout_s": 2, "on_worker_loss": "evict"},
     }
     arn = _start(aws, job, spec)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + START_DEADLINE_S
     while not (progress := _progress(aws, job)) or progress.get("step", 0) < 3:
         assert time.monotonic() < deadline, "the job did not start training"
         time.sleep(0.2)
@@ -312,7 +313,7 @@ def test_a_stopped_execution_stops_its_invocations(aws):
             "faults": {"worker_timeout_s": 2},
         },
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + START_DEADLINE_S
     while not (progress := _progress(aws, job)) or progress.get("step", 0) < 3:
         assert time.monotonic() < deadline, "the job did not start training"
         time.sleep(0.2)

@@ -72,12 +72,16 @@ def build_report(
 ) -> dict[str, Any]:
     """report.json from the supervisor's final state (see the README for every field)."""
     o = state.overheads
+    # Attempts at a round that were restarted (faults) ran, and were paid for, but their
+    # state was thrown away: their time joins the job's (on the host clock, which they ran on).
+    restarted_s = sum(float(f.get("attempt_seconds", 0.0)) for f in state.faults)
+    restarted_worker_s = sum(float(f.get("attempt_seconds", 0.0)) * int(f.get("workers", 0)) for f in state.faults)
     sync, firsts = sorted(o.sync_samples), sorted(o.sync_first)
     totals = state.totals.model_dump()
     sent_nnz, local_nnz = totals.pop("sent_nnz"), totals.pop("local_nnz")
     totals.update(
         {
-            "worker_seconds": round(state.worker_seconds, 3),
+            "worker_seconds": round(state.worker_seconds + restarted_worker_s, 3),
             "cpu_seconds": round(totals["cpu_seconds"], 3),
             "cpu_critical_seconds": round(totals["cpu_critical_seconds"], 3),
             "sent_fraction": sent_nnz / local_nnz if local_nnz else 0.0,
@@ -85,11 +89,11 @@ def build_report(
         }
     )
     history = state.history
+    wall = state.elapsed + (restarted_s if spec.clock.kind == "host" else 0.0)
     account = job_account(
-        state, wall_seconds=state.elapsed, worker_seconds=state.worker_seconds, rounds=state.round + 1
+        state, wall_seconds=wall, worker_seconds=state.worker_seconds + restarted_worker_s, rounds=state.round + 1
     )
     cost = meter_for(spec)(account)
-    wall = state.elapsed
     hit = state.stop.target_hit
     return {
         "status": state.stop.reason,
@@ -131,7 +135,8 @@ def build_report(
 def failure_report(spec: JobSpec, state: SupervisorState, error: str, *, failed_in_round: int) -> dict[str, Any]:
     """A ``failed`` report of a job as far as ``state`` got: the cause, steps, history."""
     report = build_report(spec, state, {}, 0.0)
-    report.update({"status": "failed", "error": error, "failed_in_round": failed_in_round})
+    # No model is written for a failed job: the report must not say there is one.
+    report.update({"status": "failed", "error": error, "failed_in_round": failed_in_round, "model": None})
     report.pop("finalize_seconds", None)
     return report
 

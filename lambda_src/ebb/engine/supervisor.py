@@ -52,6 +52,9 @@ from ebb.spec import JobSpec
 REPORT_POLL_S = 0.5
 
 
+LAST_WORD_S = 0.2  # how long to listen for a lost worker's last report before giving up on it
+
+
 class Supervisor:
     """One round of a job's control loop, started from the state the last round saved."""
 
@@ -184,7 +187,8 @@ class Supervisor:
         s = self.state
         if isinstance(r, EndReport):
             if r.outcome == "failed" and r.worker not in self.inbox.ended:
-                raise EngineError(f"worker {r.worker} failed after step {r.step}: {r.error}")
+                when = f"after step {r.step}" if r.step >= 0 else "before its first step"
+                raise EngineError(f"worker {r.worker} failed {when}: {r.error}")
             if self.inbox.take_end(r, at=self.time.elapsed()):  # (a step's reports count when it closes)
                 accounting.count_report(s.totals, s.timing, r)
                 s.checkpoint_puts += 1 if r.checkpoint else 0
@@ -335,6 +339,12 @@ class Supervisor:
             now=wall,
         )
         if not lost:
+            return
+        if late := self.signals.next_reports(LAST_WORD_S):
+            # A worker that exited may have said why just before (a corrupt checkpoint at
+            # start-up): its report decides, not its exit code. Judge again at the next poll.
+            for r in late:
+                self._take(r)
             return
         failures.on_loss(
             lost,

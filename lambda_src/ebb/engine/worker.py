@@ -22,6 +22,7 @@ Lambda invocation) resumes from it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -62,6 +63,30 @@ BLOB_WAIT_S = 120.0  # how long to wait for a peer's replica before calling the 
 DIRECTIVE_WAIT_S = 600.0  # a supervisor silent this long is gone
 WAIT_CHUNK_S = 1.0  # longest single blocking read: between them a worker notices it was cancelled
 HEARTBEAT_S = 1.0
+
+
+def start_worker(
+    spec: JobSpec,
+    start: WorkerStart,
+    *,
+    data: ObjectStore,
+    checkpoints: ObjectStore,
+    updates: UpdateStore,
+    signals: SignalChannel,
+    worker_cls: type[Worker] | None = None,
+) -> Worker:
+    """A worker, built; one that cannot start (a corrupt checkpoint, an unreadable dataset)
+    tells the supervisor why, in one line, before the error is raised: the job fails with
+    that message instead of losing the worker to an unexplained exit code."""
+    try:
+        return (worker_cls or Worker)(spec, start, data=data, checkpoints=checkpoints, updates=updates, signals=signals)
+    except Exception as exc:
+        error = " ".join(f"could not start: {type(exc).__name__}: {exc}".split())[:500]
+        with contextlib.suppress(Exception):  # the channel itself may be what failed
+            signals.report(
+                EndReport(worker=start.worker, step=start.step - 1, round=start.round, outcome="failed", error=error)
+            )
+        raise
 
 
 class Lost(Exception):
@@ -118,6 +143,7 @@ class Worker:
         self._eval_every = eval_interval(spec, self.manifest)
         self._best: float | None = None
         self.cancelled = threading.Event()  # set by an in-process launcher tearing the job down
+        self._round_started = wall()  # reset by run(): when this invocation began its round
         if start.donor_blob:
             self._adopt_replica(start.donor_blob)
 
@@ -206,6 +232,7 @@ class Worker:
         """Train until the supervisor says stop (→ "stopped"), evicts us (→ "evicted") or
         ends the round (→ "unfinished", after writing the checkpoint). A failure is reported
         to the supervisor (its message, one line) before it is raised."""
+        self._round_started = wall()
         beating = threading.Event()
         beat = threading.Thread(target=self._heartbeat, args=(beating,), name=f"ebb-heartbeat-{self.me}", daemon=True)
         beat.start()
@@ -323,7 +350,7 @@ class Worker:
             elif self.cancelled.is_set():
                 raise EngineError(f"worker {self.me}: cancelled")
             elif time.monotonic() - started > self.spec.faults.worker_timeout_s:
-                self._check_still_wanted(need, time.monotonic() - started)
+                self._check_still_wanted(need)
             elif time.monotonic() > deadline:
                 raise EngineError(
                     f"worker {self.me}: no word from the supervisor for {DIRECTIVE_WAIT_S:.0f} s "
@@ -331,7 +358,7 @@ class Worker:
                 )
         self.timer.lap("wait")
 
-    def _check_still_wanted(self, need: int, waited: float) -> None:
+    def _check_still_wanted(self, need: int) -> None:
         """After a long wait: leave if the supervisor gave up on us, fail if it went silent."""
         if self.updates.get_blob(lost_blob(self.me)) is not None:
             raise Lost()
@@ -339,8 +366,13 @@ class Worker:
             raise EngineError(f"worker {self.me}: the supervisor gave the round up ({why.decode(errors='replace')})")
         faults = self.spec.faults
         beat = self.updates.heartbeats([SUPERVISOR_SLOT]).get(SUPERVISOR_SLOT)
-        silent = waited if beat is None else wall() - beat
-        if silent > (faults.worker_timeout_s if beat is not None else faults.startup_timeout_s):
+        # A beat from before this round began is the previous round's supervisor: this round's
+        # may still be starting (a cold start), so it gets the start-up allowance, not the beat's.
+        if beat is None or beat < self._round_started:
+            silent, allowed = wall() - self._round_started, faults.startup_timeout_s
+        else:
+            silent, allowed = wall() - beat, faults.worker_timeout_s
+        if silent > allowed:
             raise EngineError(
                 f"worker {self.me}: the supervisor went silent (nothing for {silent:.0f} s) while "
                 f"this worker waited for step {need}'s directive"

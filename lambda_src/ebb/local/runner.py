@@ -32,12 +32,12 @@ from ebb.engine.errors import EngineError, RoundLost
 from ebb.engine.finalize import finalize
 from ebb.engine.preflight import check_outputs, preflight
 from ebb.engine.supervisor import Supervisor
-from ebb.engine.worker import Worker
+from ebb.engine.worker import Worker, start_worker
 from ebb.local.redis_server import RedisServer, die_with_parent
-from ebb.ports.keys import LATEST_KEY, SPEC_KEY
+from ebb.ports.keys import SPEC_KEY
 from ebb.ports.launcher import WorkerStart
 from ebb.ports.metrics import MetricsSink
-from ebb.ports.objects import ObjectStore
+from ebb.ports.objects import ObjectStore, is_s3
 from ebb.ports.signals import SignalChannel
 from ebb.ports.updates import UpdateStore
 from ebb.spec import JobSpec
@@ -80,7 +80,7 @@ def _worker_process(
     # More workers than cores is the norm locally: let the barrier's other parties run first.
     os.nice(WORKER_NICENESS)
     try:
-        Worker(
+        start_worker(
             spec,
             start,
             data=open_object_store(spec.data),
@@ -88,8 +88,9 @@ def _worker_process(
             updates=RedisUpdateStore(urls, job),
             signals=RedisSignalChannel(urls[0], job, start.round),
         ).run()
-    except Exception:  # already reported to the supervisor, in one line; the traceback is for the log
-        traceback.print_exc()
+    except Exception:  # already reported to the supervisor, in one line; the traceback is for debugging
+        if os.environ.get("EBB_DEBUG", "") not in ("", "0"):
+            traceback.print_exc()
         raise SystemExit(1) from None
 
 
@@ -173,13 +174,14 @@ class ThreadLauncher:
     def launch(self, start: WorkerStart) -> None:
         def body():
             try:
-                worker = self.worker_cls(
+                worker = start_worker(
                     self.spec,
                     start,
                     data=self.data,
                     checkpoints=self.checkpoints,
                     updates=self.updates,
                     signals=self.signals,
+                    worker_cls=self.worker_cls,
                 )
                 self.workers[start.worker] = worker
                 worker.run()
@@ -229,6 +231,11 @@ class _StopSignals:
             signal.signal(signum, handler)
 
     def _handle(self, signum, frame):
+        if self.received is not None:
+            # A second Ctrl-C while the first unwinds would cut the clean-up short (a child
+            # left running, a report half written); the first is already on its way, and
+            # ``pending()`` hands it on again should it have been lost.
+            return
         self.received = Terminated("terminated (SIGTERM)") if signum == signal.SIGTERM else KeyboardInterrupt()
         raise self.pending()
 
@@ -367,6 +374,7 @@ def run_local(
                     )
                 else:
                     launcher = ProcessLauncher(spec, backend.urls, backend.job, child_setup)
+                attempt_started = time.monotonic()
                 try:
                     supervisor = Supervisor(
                         spec,
@@ -393,6 +401,8 @@ def run_local(
                             f"{reason}; rounds were restarted {spec.faults.max_restarts} times "
                             "already (faults.max_restarts)"
                         ) from None
+                    attempt_s = time.monotonic() - attempt_started  # paid for, then thrown away
+                    members = len(supervisor.state.members) if supervisor is not None else spec.workers
                     how = backend.renew(restarts, store_lost)
                     faults = faults + [
                         {
@@ -400,6 +410,8 @@ def run_local(
                             "restart": restarts,
                             "reason": reason,
                             "recovery": f"{how}; the round ran again from its checkpoints",
+                            "attempt_seconds": round(attempt_s, 3),
+                            "workers": members,
                         }
                     ]
                     continue
@@ -422,16 +434,14 @@ def run_local(
 
 def _first_round(spec: JobSpec, checkpoints: ObjectStore, resume: bool) -> int:
     """The round to run first: after the last complete one when resuming, else 0 (and the
-    checkpoints of an earlier run in the same place are cleared)."""
+    checkpoints of an earlier run in the same place are cleared). A job resumed before its
+    first round completed starts from the beginning: nothing of it was kept."""
     done = checkpoint.latest(checkpoints)
-    if resume:
-        if done is None:
-            raise EngineError(
-                "nothing to resume: no round of this job was completed "
-                f"(no {LATEST_KEY} in {checkpoints_location(spec)})"
-            )
+    if resume and done is not None:
         return done["round"] + 1
     for key in checkpoints.list():
         checkpoints.delete(key)
-    checkpoints.put(SPEC_KEY, spec.model_dump_json(indent=2).encode())
+    # The dataset by its absolute path: `ebb train --resume OUT` works from any directory.
+    stored = spec if is_s3(spec.data) else spec.model_copy(update={"data": os.path.abspath(spec.data)})
+    checkpoints.put(SPEC_KEY, stored.model_dump_json(indent=2).encode())
     return 0

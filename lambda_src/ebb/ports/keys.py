@@ -65,8 +65,9 @@ def part_key(split: str, index: int) -> str:
 
 
 # -- a job's outputs ------------------------------------------------------------------
-REPORT_KEY = "report.json"  # written last: a reader that finds it finds the rest
+REPORT_KEY = "report.json"  # after the model, before the plot: it lists only what is written
 MODEL_KEY = "model.npz"
 PLOT_KEY = "loss.png"
 PROGRESS_KEY = "progress.json"  # a running job's latest step (ebb watch)
+LOCK_KEY = "lock.json"  # the job that owns the folder now (pid, host): created only if absent
 OUTPUT_KEYS = (REPORT_KEY, MODEL_KEY, PLOT_KEY, PROGRESS_KEY)

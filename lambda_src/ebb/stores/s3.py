@@ -101,6 +101,9 @@ class S3ObjectStore:
         """``s3://bucket/prefix/key`` (the store's own URL for an empty key)."""
         return f"s3://{self.bucket}/{self._full(key)}" if key else f"s3://{self.bucket}/{self.prefix}".rstrip("/")
 
+    def locate(self, key: str) -> str:
+        return self.url(key)
+
     def _full(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
@@ -167,6 +170,20 @@ class S3ObjectStore:
                 self.client.upload_fileobj(io.BytesIO(data), self.bucket, full, Config=transfer_config())
         except (ClientError, BotoCoreError, S3UploadFailedError) as exc:
             raise self._error("PutObject", key, exc) from exc
+
+    def put_new(self, key: str, data: bytes) -> bool:
+        """A conditional PUT (``If-None-Match: *``): S3 refuses it with 412 when the key
+        exists, and with 409 when a concurrent conditional PUT of the key is in flight."""
+        full = self._key(key)
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*")
+        except ClientError as exc:
+            if self._code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                return False
+            raise self._error("PutObject", key, exc) from exc
+        except BotoCoreError as exc:
+            raise self._error("PutObject", key, exc) from exc
+        return True
 
     def exists(self, key: str) -> bool:
         full = self._key(key)
