@@ -179,6 +179,10 @@ def _train_locked(args, spec, out, data, has_manifest: bool) -> int:
             _print_summary(report, None)
             return 1
     _print_summary(report, spec.out_location)
+    from ebb.plan.cli import smaller_fleet_note
+
+    if note := smaller_fleet_note(report):
+        print(note, file=sys.stderr)
     return 0 if report["status"] != "failed" else 1
 
 
@@ -640,7 +644,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="print the full traceback of an error (also EBB_DEBUG=1)")
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="{synth,prepare,train,tune,spec,submit,watch,report,predict}"
+        dest="command", required=True, metavar="{synth,prepare,train,tune,spec,submit,watch,report,predict,plan}"
     )
     _add_synth(sub)
     _add_prepare(sub)
@@ -653,6 +657,12 @@ def build_parser() -> argparse.ArgumentParser:
     from ebb.predict.cli import add_predict  # ebb predict (issue 26)
 
     add_predict(sub)
+    # ebb plan (issue 27): the command, and `--workers plan` on train and submit.
+    from ebb.plan.cli import accept_workers_plan, add_plan
+
+    add_plan(sub)
+    for name in ("train", "submit"):
+        accept_workers_plan(sub.choices[name])
     for command in sub.choices.values():  # `ebb train ... --debug` as well as `ebb --debug train ...`
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
@@ -667,6 +677,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.debug:
         os.environ["EBB_DEBUG"] = "1"
     try:
+        from ebb.plan.cli import resolve_workers_plan
+
+        if (code := resolve_workers_plan(args)) is not None:
+            return code
         return args.func(args)
     except KeyboardInterrupt:
         _debug_traceback()

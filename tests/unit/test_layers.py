@@ -18,7 +18,7 @@ FLOORS = [
     {"ebb.data"},
     {"ebb.engine", "ebb.predict"},
     {"ebb.local", "ebb.aws", "ebb.deployed", "ebb.flags"},
-    {"ebb.tune", "ebb.predict.cli"},
+    {"ebb.tune", "ebb.predict.cli", "ebb.plan"},
     {"ebb.cli"},
 ]
 # The zip functions (validate, on_failure) import these; they must not need numpy or torch.
