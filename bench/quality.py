@@ -86,6 +86,19 @@ DATASETS = {
         1000,
     ),
     "ml-10m": (lambda path: synth_shaped_ratings(path, preset="ml-10m", seed=0), "ratings.dat", "movielens", 6250),
+    # The same counts with real raters' irregularities (ebb.data.synth: the "-wild" presets).
+    "ml-100k-wild": (
+        lambda path: synth_shaped_ratings(path, preset="ml-100k-wild", seed=0),
+        "u.data",
+        "movielens",
+        1000,
+    ),
+    "ml-latest-small-wild": (
+        lambda path: synth_shaped_ratings(path, preset="ml-latest-small-wild", seed=0),
+        "ratings.csv",
+        "movielens",
+        1000,
+    ),
     "logistic": (lambda path: synth_logistic(path, seed=0), "data.svm", "libsvm", 1000),
     # Criteo's shape at a bench's size: 39 values a row over 100,000 hashed features with
     # a heavy popularity skew, so most features are rare (MLLess Table 1 hashes to 10^5).
@@ -474,9 +487,9 @@ def parse_candidate(text: str) -> dict:
     out = {}
     for item in text.split(","):
         key, _, value = item.partition("=")
-        if key not in ("l2", "lr", "momentum", "lr_decay", "rank", "init_std"):
+        if key not in ("l2", "lr", "momentum", "lr_decay", "rank", "init_std", "cold_k"):
             raise SystemExit(f"--candidate: unknown field {key!r}")
-        out[key] = int(value) if key == "rank" else float(value)
+        out[key] = int(value) if key in ("rank", "cold_k") else float(value)
     return out
 
 

@@ -1,6 +1,6 @@
-"""Compute: the six Lambda functions of docs/AWS.md, their code, environment and grants.
+"""Compute: the seven Lambda functions of docs/AWS.md, their code, environment and grants.
 
-Worker, supervisor, prepare and finalize run from one container image built from
+Worker, supervisor, prepare, finalize and predict run from one container image built from
 `lambda_src/` at deploy time (torch fits no layer); each function's image command names
 its handler. Validate and on_failure are zip functions: the light part of the `ebb`
 package plus the layer staged in `layers/common` (pydantic, pyyaml, powertools).
@@ -54,6 +54,7 @@ ZIP_EXCLUDES = [
     "!ebb/engine/errors.py",
     "ebb/local",
     "ebb/models",
+    "ebb/predict",
     "ebb/sparse.py",
     "ebb/cli.py",
     "ebb/flags.py",
@@ -83,11 +84,12 @@ _ROLES = {
     "finalize": _Role("finalize", image=True, in_vpc=False),
     "validate": _Role("validate", image=False, in_vpc=False),
     "onFailure": _Role("on_failure", image=False, in_vpc=False),
+    "predict": _Role("predict", image=True, in_vpc=False),
 }
 
 
 class Compute(Construct):
-    """The functions, by name: worker, supervisor, prepare, finalize, validate, onFailure.
+    """The functions, by name: worker, supervisor, prepare, finalize, validate, onFailure, predict.
 
     `trace_in_vpc`: whether the in-VPC functions can reach X-Ray (a NAT gateway or an
     `xray` interface endpoint); without a route their traces would be lost, so they send
@@ -160,6 +162,7 @@ class Compute(Construct):
                 names.DEPLOYMENT_ENV: json.dumps(dict(deployment), separators=(",", ":")),
             },
             "onFailure": {**common_env, **events},
+            "predict": {**common_env, **workers},
         }
 
         stack_name = Stack.of(self).stack_name
@@ -283,6 +286,7 @@ _WHY_WRITES = {
     f"{names.JOBS}*": "finalize writes a job's outputs, on_failure its failed report and abort marker, only here",
     f"{names.JOBS}*/{names.SPEC_FILE}": "validate writes the normalised job spec, and nothing else",
     f"{names.JOBS}*/{names.PROGRESS_KEY}": "the supervisor writes the job's progress for `ebb watch`, nothing else",
+    f"{names.PREDICTIONS}*": "the predict function writes a predict run's shards and manifest only here",
 }
 
 

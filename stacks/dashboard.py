@@ -19,7 +19,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from ebb.ports.deployment import JOB_DIMENSION, METRICS_NAMESPACE
+from ebb.ports.deployment import JOB_DIMENSION, METRICS_NAMESPACE, PREDICT_DIMENSION
 from stacks.cache import Cache
 
 # The dimension value the job widgets are drawn with; the "Job" variable replaces it.
@@ -42,6 +42,7 @@ class Dashboard(Construct):
         dead_letters: sqs.IQueue,
         state_machine: sfn.StateMachine,
         alarm_topic: sns.ITopic,
+        predict_machine: sfn.StateMachine | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
 
@@ -181,6 +182,9 @@ class Dashboard(Construct):
             ),
         )
 
+        if predict_machine is not None:
+            self.dashboard.add_widgets(*_predict_widgets(predict_machine, graph))
+
         alarm_action = cw_actions.SnsAction(alarm_topic)
         self.failed_executions_alarm = cw.Alarm(
             self,
@@ -219,6 +223,41 @@ class Dashboard(Construct):
                 self.dashboard.dashboard_name,
             ],
         )
+
+
+def _predict_widgets(machine: sfn.StateMachine, graph: dict) -> list[cw.IWidget]:
+    """`ebb predict --stack`: rows scored and skipped (bad rows) per minute over every run
+    (SEARCH over the PredictRun dimension), and the Predict executions."""
+
+    def every_run(name: str, label: str) -> cw.MathExpression:
+        return cw.MathExpression(
+            expression=f"SUM(SEARCH('{{{METRICS_NAMESPACE},{PREDICT_DIMENSION}}} MetricName=\"{name}\"', 'Sum', 60))",
+            label=label,
+            period=PERIOD,
+        )
+
+    return [
+        cw.TextWidget(markdown="## Predicting", width=24, height=1),
+        cw.GraphWidget(title="Rows scored (per minute)", left=[every_run("RowsScored", "rows scored")], **graph),
+        cw.GraphWidget(
+            title="Predict errors",
+            left=[
+                every_run("RowsSkipped", "bad rows skipped"),
+                machine.metric_failed(label="failed runs", period=PERIOD, statistic="Sum"),
+            ],
+            **graph,
+        ),
+        cw.GraphWidget(
+            title="Predict runs",
+            statistic="Sum",
+            left=[
+                machine.metric_started(label="started", period=PERIOD),
+                machine.metric_succeeded(label="succeeded", period=PERIOD),
+                machine.metric_failed(label="failed", period=PERIOD),
+            ],
+            **graph,
+        ),
+    ]
 
 
 def _cache_widgets(cache: Cache, graph: dict) -> list[cw.IWidget]:

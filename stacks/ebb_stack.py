@@ -13,6 +13,7 @@ from stacks.compute import Compute
 from stacks.dashboard import Dashboard
 from stacks.messaging import Messaging
 from stacks.network import Network
+from stacks.predict import PredictWorkflow
 from stacks.settings import Settings
 from stacks.storage import Storage
 from stacks.workflow import Workflow
@@ -95,6 +96,14 @@ class EbbStack(Stack):
             log_retention=retention,
             removal_policy=removal,
         )
+        self.predict = PredictWorkflow(
+            self,
+            "Predict",
+            function=self.compute.functions["predict"],
+            max_shards=s.max_workers,
+            log_retention=retention,
+            removal_policy=removal,
+        )
         self.dashboard = Dashboard(
             self,
             "Dashboard",
@@ -105,6 +114,7 @@ class EbbStack(Stack):
             dead_letters=self.messaging.dead_letters,
             state_machine=self.workflow.state_machine,
             alarm_topic=self.messaging.events_topic,
+            predict_machine=self.predict.state_machine,
         )
 
         # docs/AWS.md "Stack outputs": read by `ebb submit`, `ebb watch` and `ebb report`.
@@ -133,3 +143,9 @@ class EbbStack(Stack):
             description="the CloudWatch dashboard",
         )
         CfnOutput(self, names.DASHBOARD_URL_OUTPUT, value=self.dashboard.url, description="the CloudWatch dashboard")
+        CfnOutput(
+            self,
+            names.PREDICT_STATE_MACHINE_OUTPUT,
+            value=self.predict.state_machine.state_machine_arn,
+            description="the Predict state machine: one execution per `ebb predict --stack`",
+        )

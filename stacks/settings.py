@@ -19,7 +19,7 @@ from ebb.ports import deployment as names
 
 # The in-VPC functions reach these AWS APIs through interface endpoints (egress "endpoints").
 INTERFACE_ENDPOINT_NAMES = ("secretsmanager", "sqs", "sns", "xray", "logs", "monitoring", "lambda", "states")
-FUNCTION_NAMES = ("worker", "supervisor", "prepare", "finalize", "validate", "onFailure")
+FUNCTION_NAMES = ("worker", "supervisor", "prepare", "finalize", "validate", "onFailure", "predict")
 # Per worker: a queue, its subscription and its queue policy. Past this the stack would near
 # CloudFormation's 500 resources and the worker role's 10 KB inline-policy limit.
 MAX_WORKERS_LIMIT = 100
@@ -76,7 +76,7 @@ class Settings:
                 memory_mb=r.integer(f"ebb:{name}MemoryMb", 128, 10240),
                 timeout_seconds=r.integer(f"ebb:{name}TimeoutSeconds", 1, 900),
                 reserved_concurrency=r.integer(f"ebb:{name}ReservedConcurrency", 1, 10000, optional=True),
-                ephemeral_mb=r.integer(f"ebb:{name}EphemeralMb", 512, 10240) if name == "prepare" else 512,
+                ephemeral_mb=r.integer(f"ebb:{name}EphemeralMb", 512, 10240) if name in ("prepare", "predict") else 512,
             )
             for name in FUNCTION_NAMES
         }

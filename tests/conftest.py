@@ -20,9 +20,15 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 
 # Test layers (`pytest -m unit | integration | infra`; README "Tests"): a test's folder is its layer.
+# Under pytest-xdist (scripts/test.sh runs `-n auto --dist loadgroup`) the infra layer stays on
+# one worker: its syntheses are session fixtures, shared by every infra test, and overlap its
+# own subprocesses (tests/infra/conftest.py); the other layers spread over the rest.
 def pytest_collection_modifyitems(items):
     for item in items:
-        item.add_marker(getattr(pytest.mark, Path(str(item.fspath)).parent.name))
+        layer = Path(str(item.fspath)).parent.name
+        item.add_marker(getattr(pytest.mark, layer))
+        if layer == "infra":
+            item.add_marker(pytest.mark.xdist_group("infra"))
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ a deployed stack.
     ebb submit job.yaml --stack Ebb                     # the same job on AWS Lambda
     ebb watch EXECUTION                                 # its progress, until it ends
     ebb report EXECUTION --out runs/x                   # its report, model and plot
+    ebb predict --model runs/x --input rows.csv --out p.csv   # score rows with a trained model
 """
 
 from __future__ import annotations
@@ -86,14 +87,8 @@ def _spec_flags(args):
 
 
 def cmd_train(args) -> int:
-    import torch
-
-    from ebb.catalogue import entry
-    from ebb.engine.outputs import write_outputs
-    from ebb.engine.preflight import PreflightError
-    from ebb.local.progress import ProgressSink
-    from ebb.local.runner import JobFailed, run_local
     from ebb.ports.keys import MANIFEST_KEY
+    from ebb.ports.objects import is_s3
     from ebb.stores import open_object_store
 
     spec = _train_spec(args)
@@ -106,6 +101,39 @@ def cmd_train(args) -> int:
     except (ValueError, OSError) as exc:  # a bad location (missing bucket, no credentials): one line
         print(f"ebb train: {exc}", file=sys.stderr)
         return 2
+    from ebb.local.out_lock import OutLock, OutLocked
+
+    if not is_s3(spec.out_location) and Path(spec.out_location).exists() and not Path(spec.out_location).is_dir():
+        print(f"ebb train: out: {spec.out_location} is a file; give --out a folder", file=sys.stderr)
+        return 2
+    new_folder = not is_s3(spec.out_location) and not Path(spec.out_location).exists()
+    lock = OutLock(out, spec.out_location)
+    try:  # before anything is written to OUT: one job per folder
+        lock.acquire(resume=bool(args.resume))
+    except OutLocked as exc:
+        print(f"ebb train: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # unwritable, no credentials...
+        print(f"ebb train: out: cannot write to {spec.out_location}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _train_locked(args, spec, out, data, has_manifest)
+    finally:
+        lock.release()
+        if new_folder and Path(spec.out_location).is_dir() and not any(Path(spec.out_location).iterdir()):
+            Path(spec.out_location).rmdir()  # refused before it wrote anything: leave no trace
+
+
+def _train_locked(args, spec, out, data, has_manifest: bool) -> int:
+    """``ebb train`` once the job holds the lock on its OUT."""
+    import torch
+
+    from ebb.catalogue import entry
+    from ebb.engine.preflight import PreflightError
+    from ebb.local.progress import ProgressSink
+    from ebb.local.runner import JobFailed, run_local
+    from ebb.ports.keys import MANIFEST_KEY
+
     if not has_manifest and spec.prepare is not None and not args.resume:
         from ebb.data.prepare import InputError, prepare_from_spec
 
@@ -137,39 +165,91 @@ def cmd_train(args) -> int:
     except JobFailed as exc:  # a crash, Ctrl-C or SIGTERM: still leave a report behind
         sink.close({})
         report = exc.report
+    except (Exception, KeyboardInterrupt) as exc:  # outside the rounds (finalize, a full disk...): the same
+        sink.close({})
+        _debug_traceback()
+        report = {
+            "status": "failed",
+            "error": one_line(exc) if not isinstance(exc, KeyboardInterrupt) else "interrupted",
+        }
     if report["status"] == "failed":
         report["wall_seconds"] = round(time.monotonic() - started, 3)
         report["spec"] = spec.model_dump(mode="json")
-        write_outputs(out, report, None)
+        if not _write_failed_report(out, report):
+            _print_summary(report, None)
+            return 1
     _print_summary(report, spec.out_location)
+    from ebb.plan.cli import smaller_fleet_note
+
+    if note := smaller_fleet_note(report):
+        print(note, file=sys.stderr)
     return 0 if report["status"] != "failed" else 1
+
+
+def _write_failed_report(out, report: dict) -> bool:
+    """The failed report, which a second Ctrl-C does not cut short; if it cannot be written
+    (a full disk, an unwritable folder) the reason joins the one-line summary."""
+    import signal
+
+    from ebb.engine.outputs import write_outputs
+    from ebb.ports.keys import MODEL_KEY
+
+    report["model"] = None  # no model was written by this job
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+    try:
+        out.delete(MODEL_KEY)  # never beside another run's model (ours has none)
+        write_outputs(out, report, None)
+    except OSError as exc:
+        report["error"] = f"{report.get('error')}; the failed report could not be written either ({one_line(exc)})"
+        return False
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    return True
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def one_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception as one line of at most ``limit`` characters. Ebb's own errors (and the
+    OS's) say what is wrong in their message; any other is named by its type too."""
+    text = " ".join(str(exc).split())
+    if not text or not isinstance(exc, (ValueError, OSError, RuntimeError)):
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _debugging() -> bool:
+    import os
+
+    return os.environ.get("EBB_DEBUG", "") not in ("", "0")
+
+
+def _debug_traceback() -> None:
+    if _debugging():
+        import traceback
+
+        traceback.print_exc()
 
 
 def _train_spec(args):
     """The job spec from the job file and flags, or from OUT/checkpoints with --resume."""
     from ebb.flags import given
-    from ebb.spec import JobSpec, SpecError, load_spec
+    from ebb.spec import SpecError, load_spec
 
     flags = _spec_flags(args)
     overrides = given(args, flags)
     if args.resume:
-        from ebb.ports.keys import SPEC_KEY
-        from ebb.stores import join_location, open_object_store
-
         named = [f.option for f in flags if overrides[f.field] is not None] + [f"--set {a}" for a in args.assignments]
         if args.job or named:
             extra = named[0] if named else f"the job file {args.job}"
             print(f"ebb train: --resume continues a job exactly as it started: drop {extra}", file=sys.stderr)
             return None
-        try:
-            raw = open_object_store(join_location(args.resume, "checkpoints")).get(SPEC_KEY)
-        except KeyError:
-            print(
-                f"ebb train: --resume: {args.resume} holds no checkpoints of a job (no checkpoints/{SPEC_KEY})",
-                file=sys.stderr,
-            )
-            return None
-        return JobSpec.model_validate_json(raw)
+        return _resume_spec(args.resume)
     try:
         return load_spec(args.job, overrides, args.assignments)
     except SpecError as exc:
@@ -177,7 +257,42 @@ def _train_spec(args):
         return None
 
 
-def _print_summary(report: dict, out: str) -> None:
+def _resume_spec(location: str):
+    """The spec of the job in ``location`` (its ``checkpoints/spec.json``), with ``out``
+    set to ``location`` itself: a copied or moved run folder continues where it now is,
+    from any directory. None (after one line on stderr) if there is no such job."""
+    from pydantic import ValidationError
+
+    from ebb.ports.keys import SPEC_KEY
+    from ebb.ports.objects import is_s3
+    from ebb.spec import JobSpec
+    from ebb.stores import join_location, open_object_store
+
+    def refuse(message: str) -> None:
+        print(f"ebb train: --resume: {message}", file=sys.stderr)
+
+    if not is_s3(location) and Path(location).exists() and not Path(location).is_dir():
+        return refuse(f"{location} is a file; give the folder of the run to continue (its --out)")
+    where = f"{location.rstrip('/')}/checkpoints/{SPEC_KEY}"
+    try:
+        raw = open_object_store(join_location(location, "checkpoints")).get(SPEC_KEY)
+    except KeyError:
+        return refuse(f"{location} holds no checkpoints of a job (no checkpoints/{SPEC_KEY})")
+    except (ValueError, OSError) as exc:
+        return refuse(f"{where}: cannot be read: {exc}")
+    try:
+        spec = JobSpec.model_validate_json(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "the file"
+        return refuse(
+            f"{where} is not the spec of a job this version can continue ({field}: {err['msg']}); "
+            "was it edited? start the job again instead"[:400]
+        )
+    return spec.model_copy(update={"out": location})
+
+
+def _print_summary(report: dict, out: str | None) -> None:
     if report["status"] == "failed":
         print(f"job failed: {report.get('error')}", file=sys.stderr)
     else:
@@ -193,11 +308,18 @@ def _print_summary(report: dict, out: str) -> None:
         if "cost" in report:
             line += f"; est. AWS cost ${report['cost']['total_usd']:.4f}"
         print(line)
-    print(f"report: {out.rstrip('/')}/report.json")
+    if out is not None:
+        print(f"report: {out.rstrip('/')}/report.json")
 
 
-SYNTH_PRESETS = ("ml-100k", "ml-latest-small", "ml-10m")  # ebb.data.synth.RATING_PRESETS (imported lazily)
-PLANTED_RATINGS = {"users": 2000, "items": 1500, "ratings": 200_000, "noise": 0.5}
+SYNTH_PRESETS = (
+    "ml-100k",
+    "ml-latest-small",
+    "ml-10m",
+    "ml-100k-wild",
+    "ml-latest-small-wild",
+)  # ebb.data.synth.RATING_PRESETS (imported lazily)
+PLANTED_RATINGS = {"users": 2000, "items": 1500, "ratings": 200_000, "noise": 0.5, "rank": 10}
 
 
 def _add_synth(sub) -> None:
@@ -218,7 +340,9 @@ def _add_synth(sub) -> None:
         "the sidecar records the preset, the realised shape and the best achievable RMSE.",
         epilog="presets: ml-100k (943 users, 1,682 items, 100,000 ratings 1-5), ml-latest-small (610 users, "
         "9,724 items, 100,836 half stars, 35% of items rated once), ml-10m (69,878 users, 10,677 items, "
-        "10,000,054 half stars; about a minute)",
+        "10,000,054 half stars; about a minute); ml-100k-wild and ml-latest-small-wild: the same counts with "
+        "real raters' irregularities (rank 30, a slow spectrum, a noise σ per user, heavy raters harsher, rare "
+        "items' biases wider)",
     )
     r.add_argument("--out", required=True, help="output file: .csv (ratings.csv), .dat (::), else u.data (tab)")
     r.add_argument("--preset", choices=SYNTH_PRESETS, help="shape the ratings like this MovieLens file")
@@ -226,7 +350,7 @@ def _add_synth(sub) -> None:
     r.add_argument("--users", type=int, help="number of users (default 2000, or the preset's)")
     r.add_argument("--items", type=int, help="number of items (default 1500, or the preset's)")
     r.add_argument("--ratings", type=int, help="number of ratings (default 200,000, or the preset's)")
-    r.add_argument("--rank", type=int, default=10, help="planted rank (default 10)")
+    r.add_argument("--rank", type=int, help="planted rank (default 10, or the preset's)")
     r.add_argument("--noise", type=float, help="Gaussian noise σ (default 0.5: the RMSE floor; a preset has its own)")
     r.set_defaults(func=cmd_synth)
     lg = kinds.add_parser("logistic", help="sparse logistic data with known true weights")
@@ -254,7 +378,7 @@ def cmd_synth(args) -> int:
         )
     elif args.kind == "ratings":
         sizes = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in PLANTED_RATINGS.items()}
-        meta = synth.synth_ratings(args.out, rank=args.rank, seed=args.seed, **sizes)
+        meta = synth.synth_ratings(args.out, seed=args.seed, **sizes)
     else:
         meta = synth.synth_logistic(args.out, rows=args.rows, features=args.features, nnz=args.nnz, seed=args.seed)
     print(json.dumps({k: v for k, v in meta.items() if not isinstance(v, (list, dict))}, indent=None))
@@ -275,6 +399,7 @@ def _prepare_flags():
         Flag("skip_bad_rows"),
         Flag("num_features"),
         Flag("numeric_scaling"),
+        Flag("max_dimension"),
     )
 
 
@@ -517,18 +642,55 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ebb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{synth,prepare,train,spec,submit,watch,report}")
+    parser.add_argument("--debug", action="store_true", help="print the full traceback of an error (also EBB_DEBUG=1)")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{synth,prepare,train,tune,spec,submit,watch,report,predict,plan}"
+    )
     _add_synth(sub)
     _add_prepare(sub)
     _add_train(sub)
     _add_spec(sub)
     _add_aws(sub)
+    from ebb.tune.command import add_tune  # ebb tune: hyper-parameter search (ebb/tune/)
+
+    add_tune(sub)
+    from ebb.predict.cli import add_predict  # ebb predict (issue 26)
+
+    add_predict(sub)
+    # ebb plan (issue 27): the command, and `--workers plan` on train and submit.
+    from ebb.plan.cli import accept_workers_plan, add_plan
+
+    add_plan(sub)
+    for name in ("train", "submit"):
+        accept_workers_plan(sub.choices[name])
+    for command in sub.choices.values():  # `ebb train ... --debug` as well as `ebb --debug train ...`
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every command behind one guard: whatever escapes is one line on stderr (exit 1; 130
+    for Ctrl-C), the traceback only under ``--debug`` or ``EBB_DEBUG=1``."""
+    import os
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    if args.debug:
+        os.environ["EBB_DEBUG"] = "1"
+    try:
+        from ebb.plan.cli import resolve_workers_plan
+
+        if (code := resolve_workers_plan(args)) is not None:
+            return code
+        return args.func(args)
+    except KeyboardInterrupt:
+        _debug_traceback()
+        print(f"ebb {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        _debug_traceback()
+        hint = "" if _debugging() else " (--debug shows where)"
+        print(f"ebb {args.command}: {one_line(exc)}{hint}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

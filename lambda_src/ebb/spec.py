@@ -7,6 +7,7 @@ that names the file, the line and the field.
 
 from __future__ import annotations
 
+import re
 import uuid
 from pathlib import Path
 from typing import Any, Literal
@@ -99,6 +100,14 @@ class HyperParams(_Strict):
         description="learning rate × this every epoch at one worker's "
         "pace (steps: minibatches, / workers under sync.combine sum)",
         json_schema_extra=shown(per_model_hyper("lr_decay")),
+    )
+    cold_k: int | None = Field(
+        None,
+        ge=0,
+        le=1_000_000,
+        description="PMF: a held-out rating whose user or item has at most this many training ratings "
+        "is predicted from the biases alone (0: off; scoring then reads the training split once)",
+        json_schema_extra=shown(per_model_hyper("cold_k")),
     )
 
 
@@ -228,6 +237,9 @@ class FaultSpec(_Strict):
     startup_timeout_s: float = Field(
         120, gt=0, description="... before its first heartbeat of a round (process start, Lambda cold start)"
     )
+    supervisor_timeout_s: float = Field(
+        120, gt=0, description="a stalled supervisor (no heartbeat) is waited for this long, then its workers fail"
+    )
     on_worker_loss: Literal["evict", "restart_round", "fail"] = Field(
         "evict", description="evict (go on without it) | restart_round (from its checkpoints) | fail; SSP restarts"
     )
@@ -252,9 +264,14 @@ class PrepareSpec(_Strict):
     skip_bad_rows: bool = Field(False, description="count and skip malformed rows instead of stopping")
     num_features: int = Field(100_000, ge=1, description="hashing-trick dimension (criteo)")
     numeric_scaling: Literal["log", "minmax"] = Field("log", description="criteo integer columns: log | minmax")
+    max_dimension: int = Field(
+        1 << 24, ge=1, description="at most this many features, users or items (a larger dataset is refused)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> PrepareSpec:
+        if self.format == "criteo" and self.num_features > self.max_dimension:
+            raise ValueError(f"num_features {self.num_features} is more than max_dimension {self.max_dimension}")
         if self.test_input is None and self.test_fraction + self.val_fraction >= 1:
             raise ValueError(
                 f"test_fraction + val_fraction must be below 1, got {self.test_fraction} + {self.val_fraction}"
@@ -453,6 +470,38 @@ class SpecError(ValueError):
     """A job spec problem, already phrased as ``file:line: field: what is wrong``."""
 
 
+class _JobLoader(yaml.SafeLoader):  # type: ignore[misc]  # (yaml has no type stubs here)
+    """YAML as people write numbers and mappings: ``1e9`` and ``3e-5`` are floats (YAML 1.2's
+    rule; PyYAML's 1.1 rule wants a dot and reads them as strings), and a mapping that gives
+    a key twice is an error at the second one (PyYAML keeps the last, silently)."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    seen = first.get(key)
+                except TypeError:  # an unhashable key: the base class says so
+                    break
+                if seen is not None:
+                    raise yaml.constructor.ConstructorError(
+                        problem=f"duplicate key {key!r} (first on line {seen})", problem_mark=key_node.start_mark
+                    )
+                first[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+_JobLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse job YAML (a file, or a ``--set`` value) with :class:`_JobLoader`'s rules."""
+    return yaml.load(text, Loader=_JobLoader)  # noqa: S506 (a SafeLoader)
+
+
 Path_ = tuple[str | int, ...]
 
 
@@ -485,7 +534,7 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     if not sep or not field or any(not part for part in field.split(".")):
         raise SpecError(f"command line: --set {text}: expected FIELD=VALUE, e.g. stop.patience_evals=8")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = load_yaml(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
         why = getattr(exc, "problem", exc)
         raise SpecError(f"command line: {field}: {raw!r} is not a YAML value ({why})") from None
@@ -521,8 +570,12 @@ def load_spec(
             text = Path(path).read_text()
         except OSError as exc:
             raise SpecError(f"{path}: cannot read job file: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:  # a binary file named as the job file
+            raise SpecError(
+                f"{path}: not a text file (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
+            ) from None
     try:
-        doc = yaml.safe_load(text) if text else {}
+        doc = load_yaml(text) if text else {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source

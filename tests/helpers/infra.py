@@ -158,6 +158,12 @@ class Synthesis:
         assert len(found) == 1, f"expected one {type_}, found {sorted(found)}"
         return next(iter(found.items()))
 
+    def machine(self, construct: str = "Workflow") -> tuple[str, dict]:
+        """The training state machine (``Workflow``), or the ``Predict`` one: logical id, properties."""
+        found = {k: v for k, v in self.of_type("AWS::StepFunctions::StateMachine").items() if k.startswith(construct)}
+        assert len(found) == 1, f"expected one {construct} state machine, found {sorted(found)}"
+        return next(iter(found.items()))
+
     @cached_property
     def functions(self) -> dict[str, dict]:
         """Properties of each Lambda function, by handler module name (worker, ..., on_failure)."""
@@ -173,8 +179,14 @@ class Synthesis:
 
     @cached_property
     def definition(self) -> dict:
-        """The state machine's ASL, with ARNs as placeholders."""
-        _, props = self.one("AWS::StepFunctions::StateMachine")
+        """The training state machine's ASL, with ARNs as placeholders."""
+        _, props = self.machine()
+        return json.loads(resolve(props["DefinitionString"]))
+
+    @cached_property
+    def predict_definition(self) -> dict:
+        """The Predict state machine's ASL, with ARNs as placeholders."""
+        _, props = self.machine("Predict")
         return json.loads(resolve(props["DefinitionString"]))
 
     @cached_property

@@ -456,21 +456,34 @@ def _iam_enforced(stack: MotoStack) -> Iterator[None]:
         IAMRequestBase.check_action_permitted = original
 
 
-def _executor_signs_with(patch, credentials: dict[str, str], port: int) -> None:
-    """moto's Step Functions executor calls Lambda with fixed fake keys; it calls with the state
-    machine role's credentials here, so its lambda:InvokeFunction grants are enforced too."""
+def _executor_signs_with(patch, credentials: dict[str, dict[str, str]], port: int) -> None:
+    """moto's Step Functions executor calls Lambda with fixed fake keys; it calls with the
+    credentials of the role of the state machine whose execution makes the call here
+    (``credentials``: state machine ARN -> its role's), so each machine's
+    lambda:InvokeFunction grants are enforced too."""
+    import threading
+
     import boto3
     from botocore.config import Config
     from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
 
+    current = threading.local()
+    integration = lambda_eval_utils.execute_lambda_function_integration
+
+    def execute(env, *args, **kwargs):
+        machine = env.states.context_object.context_object_data["StateMachine"]["Id"]
+        current.credentials = credentials[machine]
+        return integration(env, *args, **kwargs)
+
     def boto_client_for(region: str, service: str, state_credentials=None):
+        signer = current.credentials
         return boto3.session.Session().client(
             service,
             region_name=region,
             endpoint_url=f"http://localhost:{port}",
-            aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
-            aws_session_token=credentials["AWS_SESSION_TOKEN"],
+            aws_access_key_id=signer["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=signer["AWS_SECRET_ACCESS_KEY"],
+            aws_session_token=signer["AWS_SESSION_TOKEN"],
             config=Config(
                 parameter_validation=False,
                 retries={"max_attempts": 0, "total_max_attempts": 1},
@@ -479,6 +492,7 @@ def _executor_signs_with(patch, credentials: dict[str, str], port: int) -> None:
             ),
         )
 
+    patch.setattr(lambda_eval_utils, "execute_lambda_function_integration", execute)
     patch.setattr(lambda_eval_utils, "boto_client_for", boto_client_for)
 
 
@@ -581,17 +595,20 @@ def stack_in_moto(template: dict, folder: Path, *, stack_name: str = "Ebb") -> I
             runtime = LambdaRuntime({**aws_env(endpoint), "SSL_CERT_FILE": cache.cert})
             cleanup.callback(runtime.stop_all)
             runtime.functions = _functions(stack)
-            machine_role = next(
-                stack.physical[k]
+            iam = stack.client("iam")
+            machine_roles = {  # each state machine's ARN (its Ref) -> its role's ARN
+                stack.physical[k]: iam.get_role(RoleName=stack.physical[r["Properties"]["RoleArn"]["Fn::GetAtt"][0]])[
+                    "Role"
+                ]["Arn"]
                 for k, r in template["Resources"].items()
-                if r["Type"] == "AWS::IAM::Role"
-                and "states.amazonaws.com" in json.dumps(r["Properties"]["AssumeRolePolicyDocument"])
-            )
-            machine_role_arn = stack.client("iam").get_role(RoleName=machine_role)["Role"]["Arn"]
+                if r["Type"] == "AWS::StepFunctions::StateMachine"
+            }
             runtime.credentials = _assume_roles(
-                stack, {f.role_arn for f in runtime.functions.values()} | {machine_role_arn}
+                stack, {f.role_arn for f in runtime.functions.values()} | set(machine_roles.values())
             )
-            _executor_signs_with(patch, runtime.credentials[machine_role_arn], port)
+            _executor_signs_with(
+                patch, {machine: runtime.credentials[role] for machine, role in machine_roles.items()}, port
+            )
             patch.setattr(LambdaSimpleBackend, "invoke", runtime.backend_method())
             cleanup.enter_context(_iam_enforced(stack))
             yield RunningStack(stack, runtime, cache, endpoint)

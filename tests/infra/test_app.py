@@ -73,6 +73,7 @@ def test_npx_cdk_synth_works_offline(cli_synth):
         "EventsTopicArn",
         "DashboardName",
         "DashboardUrl",
+        "PredictStateMachineArn",
     }
 
 

@@ -16,7 +16,7 @@ from ebb.ports import deployment as names
 from stacks.image import image_python
 from tests.helpers.infra import ROOT
 
-IMAGE_FUNCTIONS = ("worker", "supervisor", "prepare", "finalize")
+IMAGE_FUNCTIONS = ("worker", "supervisor", "prepare", "finalize", "predict")
 ZIP_FUNCTIONS = ("validate", "on_failure")
 # What the zip functions must run without (docs/AWS.md "Functions").
 HEAVY = ("numpy", "torch", "scipy", "redis", "matplotlib", "rich")
@@ -106,6 +106,7 @@ def test_zip_functions_carry_the_light_package_and_the_layer(default):
         ]
         for dropped in (
             "ebb/models",
+            "ebb/predict",
             "ebb/autotune",
             "ebb/data",
             "ebb/local",
@@ -222,7 +223,7 @@ def test_sizes_tracing_and_logs_come_from_context(default, scaled):
         group = props["LoggingConfig"]["LogGroup"]["Ref"]
         assert groups[group]["RetentionInDays"] == context["ebb:logRetentionDays"]
         assert groups[group]["LogGroupName"] == f"/ebb/Ebb/{name.replace('_', '-')}"  # README "Logs"
-        expected_tmp = context["ebb:prepareEphemeralMb"] if name == "prepare" else 512
+        expected_tmp = context.get(f"ebb:{key}EphemeralMb", 512) if name in ("prepare", "predict") else 512
         assert props["EphemeralStorage"] == {"Size": expected_tmp}
     worker = scaled.functions["worker"]
     assert worker["MemorySize"] == 3008 and worker["ReservedConcurrentExecutions"] == 64

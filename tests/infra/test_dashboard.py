@@ -80,8 +80,16 @@ def test_alarms_on_failed_executions_and_dead_letters_reach_the_events_topic(def
 
 def test_outputs_are_the_documented_ones(default):
     outputs = default.template["Outputs"]
-    assert set(outputs) == {"StateMachineArn", "DataBucketName", "EventsTopicArn", "DashboardName", "DashboardUrl"}
-    sm_id, _ = default.one("AWS::StepFunctions::StateMachine")
+    assert set(outputs) == {
+        "StateMachineArn",
+        "DataBucketName",
+        "EventsTopicArn",
+        "DashboardName",
+        "DashboardUrl",
+        "PredictStateMachineArn",
+    }
+    assert outputs["PredictStateMachineArn"]["Value"] == {"Ref": default.machine("Predict")[0]}
+    sm_id, _ = default.machine()
     dashboard_id, _ = default.one("AWS::CloudWatch::Dashboard")
     assert outputs["StateMachineArn"]["Value"] == {"Ref": sm_id}
     assert outputs["DashboardName"]["Value"] == {"Ref": dashboard_id}

@@ -19,11 +19,14 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
+from ebb.cli import main
 from ebb.data.synth import synth_ratings
 from ebb.engine.striping import PartSequence, position_of
 from ebb.ports import deployment as names
+from ebb.predict.run import predict_file, recommend_users
 from ebb.stores.local import FolderObjectStore
 from tests.helpers.infra import ROOT
 from tests.helpers.moto_stack import STAND_INS, stack_in_moto
@@ -39,6 +42,7 @@ JOB = {
 }
 STEPS = 4  # two rounds of two steps: the fewest that show a round handing over to the next
 EXECUTION_DEADLINE_S = 240  # a hung execution fails the test with its history, not the CI job
+START_DEADLINE_S = 180  # a job that never starts training fails here (generous: CI runs the layers side by side)
 # After an execution fails, every invocation of its job has returned within this (docs/AWS.md "Abort").
 ORPHAN_DEADLINE_S = 20
 FINISHED_OUTPUT = {"job_id", "spec_key", "status", "round", "workers", "steps", "stop_reason", "report"}
@@ -277,7 +281,7 @@ def test_a_lost_worker_fails_the_job_and_no_invocation_runs_on(aws):
         "faults": {"worker_timeout_s": 2, "on_worker_loss": "evict"},
     }
     arn = _start(aws, job, spec)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + START_DEADLINE_S
     while not (progress := _progress(aws, job)) or progress.get("step", 0) < 3:
         assert time.monotonic() < deadline, "the job did not start training"
         time.sleep(0.2)
@@ -312,7 +316,7 @@ def test_a_stopped_execution_stops_its_invocations(aws):
             "faults": {"worker_timeout_s": 2},
         },
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + START_DEADLINE_S
     while not (progress := _progress(aws, job)) or progress.get("step", 0) < 3:
         assert time.monotonic() < deadline, "the job did not start training"
         time.sleep(0.2)
@@ -418,3 +422,90 @@ def test_rehearse_sh_creates_the_stack_and_runs_a_job_as_a_user_would(default):
         check=False,
     )
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+# -- the Predict state machine (docs/AWS.md "Predicting"), on the same stack ---------------
+# The predict handler under its own role, 4 shards; the joined output is byte for byte the
+# local run's, and so are the metrics.
+
+SHARDS = 4
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A small PMF run, and a test file of rows it can score (one of a user it never saw)."""
+    tmp = tmp_path_factory.mktemp("predict")
+    rng = np.random.default_rng(5)
+    U, V = rng.normal(0, 1, (80, 2)), rng.normal(0, 1, (60, 2))
+    rows = [(u + 1, i + 1, round(3 + U[u] @ V[i] + rng.normal(0, 0.3), 3), 0)
+            for u in range(80) for i in rng.choice(60, 25, replace=False)]  # fmt: skip
+    (tmp / "train.tsv").write_text("".join("\t".join(map(str, r)) + "\n" for r in rows))
+    test = [f"{u}\t{i}\t{r}\t0\n" for u, i, r, _ in rows[::7]] + ["999\t3\t4.0\t0\n"]
+    (tmp / "test.tsv").write_text("".join(test))
+    assert main(["prepare", "--format", "movielens", "--input", str(tmp / "train.tsv"), "--out", str(tmp / "d")]) == 0
+    assert main(["train", "--model", "pmf", "--data", str(tmp / "d"), "--out", str(tmp / "run"), "--workers", "1",
+                 "--set", "hyper.rank=2", "--set", "stop.max_epochs=5"]) == 0  # fmt: skip
+    return tmp
+
+
+def _request(aws, run: str, **fields) -> dict:
+    base = {"run": run, "model": f"s3://{aws.bucket}/models/pmf", "input": None, "shards": SHARDS,
+            "with_labels": False, "skip_bad_rows": False, "recommend": None, "users": "all",
+            "exclude_seen": True}  # fmt: skip
+    return {**base, **fields}
+
+
+def _joined(aws, manifest: dict) -> bytes:
+    return b"".join(aws.s3.get_object(Bucket=aws.bucket, Key=s["key"])["Body"].read() for s in manifest["shards"])
+
+
+def test_predict_runs_in_four_shards_and_writes_what_a_local_run_writes(aws, trained):
+    for key in ("model.json", "model.npz", "id_map.npz", "seen.npz"):
+        aws.s3.put_object(Bucket=aws.bucket, Key=f"models/pmf/{key}", Body=(trained / "run" / key).read_bytes())
+    aws.s3.put_object(Bucket=aws.bucket, Key="raw/test.tsv", Body=(trained / "test.tsv").read_bytes())
+    machine = aws.stack.output(names.PREDICT_STATE_MACHINE_OUTPUT)
+    runs = {
+        "score": _request(aws, "p-score", input=f"s3://{aws.bucket}/raw/test.tsv"),
+        "recommend": _request(aws, "p-rec", recommend=5),
+    }
+    arns = {k: aws.sfn.start_execution(stateMachineArn=machine, name=r["run"], input=json.dumps(r))["executionArn"]
+            for k, r in runs.items()}  # fmt: skip
+    done = {k: _wait(aws, arn) for k, arn in arns.items()}
+    manifests = {}
+    for k, run in done.items():
+        assert run["status"] == "SUCCEEDED", (k, run.get("cause"))
+        assert _entered(run["history"])[:2] == [names.PLAN_STATE, names.SHARDS_STATE]
+        key = json.loads(run["output"])["manifest"]["manifest_key"]
+        assert key == f"predictions/{runs[k]['run']}/manifest.json"
+        manifests[k] = json.loads(aws.s3.get_object(Bucket=aws.bucket, Key=key)["Body"].read())
+        assert len(manifests[k]["shards"]) == SHARDS
+        shards = [c for c in aws.runtime.of("predict") if c.event.get("run") == runs[k]["run"]]
+        assert sorted(c.event["index"] for c in shards if c.event["action"] == "shard") == list(range(SHARDS))
+
+    local = predict_file(str(trained / "run"), trained / "test.tsv", trained / "local.csv")
+    assert _joined(aws, manifests["score"]) == (trained / "local.csv").read_bytes()
+    assert manifests["score"]["metrics"] == local["metrics"] and manifests["score"]["rows"] == local["rows"]
+    assert manifests["score"]["unknown"]["users"] == 1
+    cost = manifests["score"]["cost"]
+    assert cost["total_usd"] > 0 and cost["usd_per_million_rows"] == pytest.approx(
+        cost["total_usd"] / local["rows"] * 1e6
+    )
+
+    recommend_users(str(trained / "run"), None, 5, trained / "local-top.csv")
+    assert _joined(aws, manifests["recommend"]) == (trained / "local-top.csv").read_bytes()
+    # Every call was one its role allows: the predict function's and the Predict machine's.
+    assert aws.stack.denied == []
+
+
+def test_ebb_predict_stack_uploads_a_local_model_and_input_and_joins_the_shards(aws, trained, monkeypatch, capsys):
+    for key, value in aws.stack.user_env({}).items():
+        monkeypatch.setenv(key, value)
+    out = trained / "via-stack.csv"
+    argv = ["predict", "--stack", "Ebb", "--model", str(trained / "run"), "--input", str(trained / "test.tsv"),
+            "--out", str(out), "--shards", "3"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    local = predict_file(str(trained / "run"), trained / "test.tsv", trained / "local2.csv")
+    assert out.read_bytes() == (trained / "local2.csv").read_bytes()
+    assert "in 3 shards" in printed and "per million rows" in printed and json.dumps(local["metrics"]) in printed
+    assert aws.stack.denied == []

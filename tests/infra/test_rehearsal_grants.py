@@ -51,8 +51,8 @@ def without_grant(template: dict, function: str, key_pattern: str) -> dict:
     [
         # The supervisor's progress for `ebb watch`: its first write fails the round.
         ("supervisor", f"{names.JOBS}*/{names.PROGRESS_KEY}", {"workers": 1}, "jobs/rehearse-grant-1/progress.json"),
-        # Finalize's outputs, under a job's `out`: the model fails to go, and so the job.
-        ("finalize", f"{names.JOBS}*", {"workers": 1, "out": "jobs/elsewhere/x"}, "jobs/elsewhere/x/model.npz"),
+        # Finalize's outputs, under a job's `out`: the first (the model artifact's id map) fails, and so the job.
+        ("finalize", f"{names.JOBS}*", {"workers": 1, "out": "jobs/elsewhere/x"}, "jobs/elsewhere/x/id_map.npz"),
     ],
 )
 def test_removing_a_grant_the_runtime_needs_fails_the_rehearsal(

@@ -136,7 +136,7 @@ def test_more_than_forty_workers_run_as_a_distributed_map(scaled):
     assert workers["ItemProcessor"]["ProcessorConfig"] == {"Mode": "DISTRIBUTED", "ExecutionType": "STANDARD"}
     assert workers.get("MaxConcurrency", 0) == 0  # unset: Step Functions' full concurrency
     assert workers["ItemsPath"] == "$.workers"
-    sm_id, _ = scaled.one("AWS::StepFunctions::StateMachine")
+    sm_id, _ = scaled.machine()
     role = scaled.resources[sm_id]["Properties"]["RoleArn"]["Fn::GetAtt"][0]
     actions = {
         a
@@ -149,7 +149,7 @@ def test_more_than_forty_workers_run_as_a_distributed_map(scaled):
 
 
 def test_executions_are_logged_and_traced(default):
-    _, props = default.one("AWS::StepFunctions::StateMachine")
+    _, props = default.machine()
     assert props["StateMachineType"] == "STANDARD"
     assert props["TracingConfiguration"] == {"Enabled": True}
     logging = props["LoggingConfiguration"]
@@ -162,7 +162,7 @@ def test_executions_are_logged_and_traced(default):
 
 def test_an_execution_stopped_or_timed_out_goes_to_on_failure(default):
     (rule,) = default.of_type("AWS::Events::Rule").values()
-    machine, _ = default.one("AWS::StepFunctions::StateMachine")
+    machine, _ = default.machine()
     assert rule["EventPattern"] == {
         "source": ["aws.states"],
         "detail-type": ["Step Functions Execution Status Change"],

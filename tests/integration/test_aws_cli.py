@@ -82,7 +82,7 @@ def test_submit_watch_report_against_a_deployed_stack(stack, small_ratings, tmp_
             }
         )
     )
-    for key in ("report.json", "model.npz", "loss.png"):
+    for key in report["files"].values():  # report.json, model.npz, loss.png and the model artifact
         s3.put_object(Bucket=bucket, Key=f"jobs/{name}/{key}", Body=(tmp_path / "run" / key).read_bytes())
     progress = {"state": "running", "round": 1, "step": 41, "loss": 0.8123, "workers": 3, "cost_usd": 0.0123}
     s3.put_object(Bucket=bucket, Key=f"jobs/{name}/progress.json", Body=json.dumps(progress).encode())
@@ -97,6 +97,7 @@ def test_submit_watch_report_against_a_deployed_stack(stack, small_ratings, tmp_
     assert json.loads((tmp_path / "got" / "report.json").read_text())["steps"] == report["steps"]
     assert (tmp_path / "got" / "model.npz").read_bytes() == (tmp_path / "run" / "model.npz").read_bytes()
     assert (tmp_path / "got" / "loss.png").stat().st_size > 1000
+    assert (tmp_path / "got" / "model.json").is_file()  # the artifact comes too: ebb.load_model reads it
     assert "max_epochs" in fetched.stdout and "test rmse" in fetched.stdout
     # A local run folder is summarised as it is: no stack, no AWS.
     local = ebb("report", str(tmp_path / "run"), env={k: v for k, v in env.items() if not k.startswith("AWS_")})

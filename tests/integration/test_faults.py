@@ -204,6 +204,9 @@ def test_a_redis_server_that_dies_mid_job_is_replaced_and_the_round_run_again(sm
     killer.join()
     (fault,) = report["faults"]
     assert fault["reason"].startswith("the update store was lost") and "a new one runs on" in fault["recovery"]
+    # The lost attempt ran and was paid for: its time is in the job's (issue 24).
+    assert fault["attempt_seconds"] > 0 and fault["workers"] == 4
+    assert report["wall_seconds"] > fault["attempt_seconds"]
     # The round ran again from its checkpoints: the job ends where an undisturbed one does.
     assert report["status"] == "max_epochs" and report["steps"] == clean["steps"]
     assert all(np.array_equal(model[k], clean_model[k]) for k in model)
@@ -371,7 +374,7 @@ def test_a_waiting_worker_leaves_when_given_up_on_and_fails_when_the_supervisor_
     from ebb.stores.memory import MemorySignalChannel, MemoryUpdateStore
 
     data_dir, _ = small_ratings
-    spec = _spec(data_dir, tmp_path, **{"faults.worker_timeout_s": 5})
+    spec = _spec(data_dir, tmp_path, **{"faults.worker_timeout_s": 5, "faults.supervisor_timeout_s": 5})
     updates = MemoryUpdateStore()
     worker = Worker(
         spec,
@@ -381,22 +384,30 @@ def test_a_waiting_worker_leaves_when_given_up_on_and_fails_when_the_supervisor_
         updates=updates,
         signals=MemorySignalChannel(),
     )
+    worker._round_started = wall() - 20  # this invocation began its round 20 s ago
+    updates.heartbeat(SUPERVISOR_SLOT, wall() - 30)
+    worker._check_still_wanted(need=7)  # the previous round's beat: this round's supervisor may be cold-starting
+    worker._round_started = wall() - 200
+    updates.heartbeat(SUPERVISOR_SLOT, wall() - 250)
+    with pytest.raises(EngineError, match=r"the supervisor went silent \(nothing for 200 s\)"):
+        worker._check_still_wanted(need=7)  # ... but not for longer than start-up may take (120 s)
+    worker._round_started = wall() - 20
     updates.heartbeat(SUPERVISOR_SLOT, wall() - 2)
-    worker._check_still_wanted(need=7, waited=30)  # the supervisor beats: a slow step, not a dead one
+    worker._check_still_wanted(need=7)  # the supervisor beats: a slow step, not a dead one
     updates.heartbeat(SUPERVISOR_SLOT, wall() - 12)
     with pytest.raises(
         EngineError,
         match=r"worker 1: the supervisor went silent \(nothing for 1[23] s\) while "
         r"this worker waited for step 7's directive",
     ):
-        worker._check_still_wanted(need=7, waited=30)
+        worker._check_still_wanted(need=7)
     updates.heartbeat(SUPERVISOR_SLOT, wall())
     updates.put_blob(ABORT_BLOB, b"worker 0 failed after step 6: EngineError: ...")
     with pytest.raises(EngineError, match=r"worker 1: the supervisor gave the round up \(worker 0 failed after step 6"):
-        worker._check_still_wanted(need=7, waited=30)
+        worker._check_still_wanted(need=7)
     updates.put_blob(lost_blob(1), b"1")
     with pytest.raises(Lost):
-        worker._check_still_wanted(need=7, waited=30)
+        worker._check_still_wanted(need=7)
 
 
 class _InterruptInDestructor:

@@ -93,7 +93,7 @@ def test_the_deployment_description_must_be_there_and_whole():
 
 
 def test_the_supervisor_beats_while_it_checks_a_dataset():
-    """Workers give a silent supervisor up after worker_timeout_s: a preflight that takes longer
+    """Workers give a silent supervisor up after faults.supervisor_timeout_s: a preflight that takes longer
     must not look like silence."""
     store = MemoryUpdateStore()
     started = wall()

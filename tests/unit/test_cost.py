@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 
 import pytest
 
 from ebb.cost import (
     PricesError,
-    Profile,
     Usage,
     chunks_64k,
     estimate_cost,
     load_prices,
     perf_per_dollar,
-    predict,
     would_exceed,
 )
 
@@ -171,55 +168,3 @@ def test_would_exceed_budget_with_margin():
     assert would_exceed(0.96, 1.00)  # inside the 5 % safety margin
     assert not would_exceed(0.96, 1.00, margin=0.0)
     assert not would_exceed(1e6, None)  # no budget
-
-
-def test_predict_reproduces_the_profile_and_scales_sensibly(prices):
-    profile = Profile(
-        workers=8,
-        memory_mb=1024,
-        compute_s=0.2,
-        comm_s=0.08,
-        comm_fixed_s=0.01,
-        steps=2000,
-        startup_s=2.0,
-        cache_node_type="cache.t4g.small",
-        cache_nodes=1,
-        requests_per_worker_step={"s3_get": 1.0},
-    )
-    same = predict(profile, 8, 1024, prices)
-    assert same["step_s"] == pytest.approx(0.28)
-    assert same["wall_seconds"] == pytest.approx(2000 * 0.28 + 2.0)  # one round
-    wall = same["wall_seconds"]
-    usage = Usage(
-        worker_seconds=8 * wall,
-        memory_mb=1024,
-        supervisor_seconds=wall,
-        invocations=9,  # 8 workers + the supervisor, one round
-        wall_seconds=wall,
-        cache_node_type="cache.t4g.small",
-        cache_nodes=1,
-        s3_get=16_000,  # 1 GET per worker-step
-    )
-    assert same["total_usd"] == pytest.approx(estimate_cost(usage, prices)["total_usd"])
-
-    # Memory: compute ∝ 1/vCPU share up to 1,769 MB; beyond that only the price grows.
-    full_cpu = predict(profile, 8, 1769, prices)
-    assert full_cpu["compute_s"] == pytest.approx(0.2 * 1024 / 1769)
-    more = predict(profile, 8, 3538, prices)
-    assert more["compute_s"] == pytest.approx(full_cpu["compute_s"])
-    assert more["by_component"]["lambda_workers"] > full_cpu["by_component"]["lambda_workers"]
-
-    # Workers: communication grows with the peers, steps shrink (fixed epochs, per-worker batch).
-    half = predict(profile, 4, 1024, prices)
-    assert half["comm_s"] == pytest.approx(0.01 + 0.07 / 7 * 3)
-    assert half["steps"] == 4000
-    fixed = Profile(workers=8, memory_mb=1024, compute_s=0.2, comm_s=0.08, steps=2000, work="steps")
-    fixed_steps = predict(fixed, 4, 1024, prices)
-    assert fixed_steps["steps"] == 2000
-    assert half["perf_per_dollar"] == pytest.approx(perf_per_dollar(half["wall_seconds"], half["total_usd"]))
-
-    # Long jobs are split into Lambda rounds, each re-invoking every worker.
-    long_job = Profile(workers=2, memory_mb=1024, compute_s=1.0, comm_s=0.0, steps=2000, round_s=840)
-    slow = predict(long_job, 2, 1024, prices)
-    assert slow["rounds"] == math.ceil(2000 / 840)
-    assert slow["by_component"]["lambda_requests"] == pytest.approx(3 * 3 * 0.20 / 1e6)

@@ -327,3 +327,57 @@ def test_build_model_takes_the_rating_range_from_the_training_split(small_rating
     # A manifest that does not record the range: nothing to clip to.
     del manifest.stats["rating_min"]
     assert build_model("pmf", manifest, hp, seed=0).rating_range is None
+
+
+def test_pmf_predicts_cold_users_and_items_from_the_biases_alone():
+    def model(cold_k):
+        return PMF(30, 20, rank=4, lr=0.1, momentum=0.0, l2=0.05, init_std=0.5, global_mean=3.0, seed=1, cold_k=cold_k)
+
+    train = _ratings(n=300)
+    # Training counts: users 0–29 and items 0–19 from `train`, then a held-out batch.
+    users, items = np.bincount(train["user"], minlength=30), np.bincount(train["item"], minlength=20)
+    k = int(np.sort(items)[3])  # the rarest few items are cold
+    cold_model, plain = model(k), model(0)
+    assert cold_model.needs_training_pass and not plain.needs_training_pass
+    cold_model.params["user"][:, 4] = torch.linspace(-0.5, 0.5, 30)
+    cold_model.params["item"][:, 4] = torch.linspace(0.3, -0.3, 20)
+    plain.params = {n: p.clone() for n, p in cold_model.params.items()}
+    parts = [cold_model.to_batch({c: a[s : s + 100] for c, a in train.items()}) for s in (0, 100, 200)]
+    cold_model.observe_training(iter(parts))
+    held_out = _ratings(n=200, seed=7)
+    batch = cold_model.to_batch(held_out)
+    pred, _ = cold_model.predict(batch)
+    base, _ = plain.predict(batch)
+    is_cold = (users[held_out["user"]] <= k) | (items[held_out["item"]] <= k)
+    assert 0 < is_cold.sum() < len(is_cold)
+    bias_only = 3.0 + cold_model.params["user"][held_out["user"], 4] + cold_model.params["item"][held_out["item"], 4]
+    np.testing.assert_allclose(pred[is_cold], bias_only.numpy()[is_cold], rtol=1e-6)
+    np.testing.assert_array_equal(pred[~is_cold], base[~is_cold])  # the rest as without the rule
+    assert not np.allclose(pred[is_cold], base[is_cold])
+
+
+def test_cold_k_is_a_spec_field_with_a_catalogue_default_and_reaches_the_model(small_ratings, tmp_path):
+    from ebb.catalogue import CATALOGUE
+
+    data_dir, _ = small_ratings
+    base = {"model": "pmf", "data": data_dir, "out": str(tmp_path), "workers": 1}
+    assert load_spec(overrides=base).hyper.cold_k == CATALOGUE["pmf"].hyper["cold_k"]
+    spec = load_spec(overrides={**base, "hyper.cold_k": 2, "stop.max_epochs": 1, "scaling.policy": "none"})
+    manifest = load_manifest(FolderObjectStore(data_dir))
+    assert build_model("pmf", manifest, spec.hyper, 0).cold_k == 2
+    # Through the engine: every user and item "cold" scores the biases-only model, which the
+    # engine's test figure must then equal (the counts are primed from the training split).
+    runs = {}
+    for cold_k in (0, 1_000_000):
+        out = tmp_path / f"k{cold_k}"
+        over = {**base, "out": str(out), "hyper.cold_k": cold_k, "stop.max_epochs": 1, "scaling.policy": "none"}
+        runs[cold_k] = run_local(load_spec(overrides=over))
+    (plain, replica), (all_cold, replica_cold) = runs[0], runs[1_000_000]
+    for name in replica:
+        assert np.array_equal(replica[name], replica_cold[name])  # training is unchanged
+    assert plain["test_metrics"]["rmse"] != all_cold["test_metrics"]["rmse"]
+    biases = build_model("pmf", manifest, spec.hyper, 0)
+    biases.params = {n: torch.from_numpy(a.copy()) for n, a in replica.items()}
+    biases.params["user"][:, :-1] = 0.0
+    test = [biases.to_batch(decode_batch(FolderObjectStore(data_dir).get(p.key))) for p in manifest.test.parts]
+    assert all_cold["test_metrics"]["rmse"] == pytest.approx(biases.evaluate(test)["rmse"], rel=1e-5)

@@ -100,6 +100,17 @@ def test_missing_key_is_a_keyerror_naming_its_location(harness):
     assert harness.store.exists("train/part-000009") is False
 
 
+def test_put_new_creates_only_what_is_absent_and_one_of_two_writers_wins(harness):
+    """The lock on OUT (issue 24): O_EXCL semantics on a folder, If-None-Match: * on S3."""
+    store = harness.store
+    assert store.put_new("lock.json", b"first") is True
+    assert store.put_new("lock.json", b"second") is False
+    assert store.get("lock.json") == b"first"
+    assert store.list() == ["lock.json"]  # no temporary file left beside it
+    store.delete("lock.json")
+    assert store.put_new("lock.json", b"third") is True and store.get("lock.json") == b"third"
+
+
 def test_exists_and_delete(harness):
     store = harness.store
     store.put("a/b", b"1")

@@ -6,7 +6,7 @@ import json
 import math
 
 from ebb.engine.state import Best, StopState, SupervisorState
-from ebb.engine.stopping import improved, stop_reason, take_val, watch
+from ebb.engine.stopping import improved, settling, stop_reason, take_val, watch
 from ebb.local.progress import WIDTH, progress_line
 from ebb.spec import load_spec
 
@@ -27,6 +27,22 @@ def test_early_stopping_counts_scorings_without_a_better_one():
         stop_reason(stop, spec, loss=0.5, epoch_next=1.0, epoch_limit=100.0, elapsed=1.0, cost_usd=0.0, step=4)
         == "early_stopped"
     )
+
+
+def test_a_scoring_while_the_fleet_resettles_after_a_scale_event_is_not_held_against_the_job():
+    spec = load_spec(overrides={"data": "d", "workers": 8, "stop.patience_evals": 2})
+    state = SupervisorState.initial(spec)
+    state.history = [{"step": k} for k in range(40)]
+    for k in (9, 19, 29):
+        state.history[k]["val"] = 0.8
+    state.scale_events = [{"step": 20, "applied_at": 21, "action": "evict", "worker": 7}]
+    # The scoring at 29 is the first since the eviction took effect at 21; the one at 39 is not.
+    assert [settling(state, k, "val") for k in (19, 29, 39)] == [False, True, False]
+    stop = StopState(best=Best(value=0.8, step=9, since=1))
+    take_val(stop, spec, 0.81, 29, epoch=None, settling=True)
+    assert stop.best.since == 1  # patience unchanged: a bump while re-settling
+    take_val(stop, spec, 0.81, 39, epoch=None)
+    assert stop.best.since == 2
 
 
 def test_the_bar_watches_early_stopping_and_a_backstop_once_it_is_further_along():

@@ -276,3 +276,51 @@ def test_cli_synth_ratings_preset(tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed["preset"] == "ml-100k" and printed["ratings"] == 12_000
     assert {line.split("\t")[2] for line in out.read_text().splitlines()} == {"1", "2", "3", "4", "5"}
+
+
+def test_wild_preset_reproduces_the_real_files_statistics(tmp_path):
+    """ml-latest-small-wild: the statistics issue 25 lists for the real file, and held-out
+    rows on items training has rarely (or never) seen after an 80/10/10 split."""
+    meta = synth_shaped_ratings(tmp_path / "ratings.csv", preset="ml-latest-small-wild", seed=0)
+    user, item, rating = read_ratings(tmp_path / "ratings.csv")
+    user_counts, item_counts = np.bincount(user)[1:], np.bincount(item)[1:]
+    # Heavy-tailed users: every one ≥ 20, the median about 70, the top 10 % about half.
+    assert user_counts.min() >= 20 and np.median(user_counts) == pytest.approx(70, abs=3)
+    top = np.sort(user_counts)[::-1][: len(user_counts) // 10]
+    assert top.sum() / user_counts.sum() == pytest.approx(0.5, abs=0.05)
+    # Half-star scale with the real skew: 4.0 then 3.0 most common, 0.5–1.5 under 6 %.
+    values, counts = np.unique(rating, return_counts=True)
+    assert values[np.argsort(-counts)[:2]].tolist() == [4.0, 3.0]
+    assert np.mean(rating <= 1.5) < 0.06 and 0.25 < np.mean(rating % 1 != 0) < 0.35
+    # Long item tail: 57 % of items ≤ 3 ratings, 35 % exactly one.
+    assert np.mean(item_counts <= 3) == pytest.approx(0.57, abs=0.02)
+    assert np.mean(item_counts == 1) == pytest.approx(0.35, abs=0.02)
+    # The wild irregularities are recorded, and the floor accounts for the users' own σ.
+    assert meta["noise_spread"] > 0 and meta["rank"] == 30 and meta["rare_item_bias_boost"] > 0
+    assert meta["noise_floor_rmse"] == pytest.approx(meta["expected_floor_rmse"], abs=0.01)
+    # Held out at random, a tenth of the test rows fall on items seen ≤ 3 times in training.
+    store = FolderObjectStore(tmp_path / "prepared")
+    manifest = prepare_dataset(
+        "movielens", tmp_path / "ratings.csv", store, batch_size=5000, test_fraction=0.1, val_fraction=0.1, seed=0
+    )
+
+    def load(split):
+        parts = list(iter_parts(store, manifest, split))
+        return np.concatenate([p["item"] for p in parts])
+
+    seen = np.bincount(load("train"), minlength=manifest.num_items)
+    test_items = load("test")
+    assert 0.05 < np.mean(seen[test_items] <= 3) < 0.25
+    assert np.mean(seen[test_items] == 0) > 0.01  # some never seen at all
+
+
+def test_wild_presets_leave_the_documented_shapes_as_they_were(tmp_path):
+    """The irregularities only change what they name: the counts are the tame preset's."""
+    tame = synth_shaped_ratings(tmp_path / "a.data", preset="ml-100k", seed=3, users=200, items=300, ratings=12_000)
+    wild = synth_shaped_ratings(
+        tmp_path / "b.data", preset="ml-100k-wild", seed=3, users=200, items=300, ratings=12_000
+    )
+    a, b = read_ratings(tmp_path / "a.data"), read_ratings(tmp_path / "b.data")
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])  # the same pairs
+    assert not np.array_equal(a[2], b[2])
+    assert tame["noise_spread"] == 0 and wild["noise_spread"] > 0 and wild["activity_bias_corr"] < 0

@@ -34,6 +34,26 @@ minibatches it processes: there s_Δ can stay below S down to ``min_workers`` wh
 time to target grows (docs/RESULTS.md has the runs).
 The guard keeps the evictions that cost (almost) no throughput — the workers a fleet has
 beyond the point where its step time grows as fast as its size — and refuses the rest.
+
+Cost guard (issue 27; docs/RESULTS-TOOLS.md, "Planning a job"): with the job's prices given
+(``worker_usd_s`` per worker-second, ``fixed_usd_s`` for what bills whatever the fleet:
+supervisor, cache node), every eviction, the knee's included, must also pay for itself.
+An eviction lasts for the rest of the job, whose length is unknown: R, the steps left at
+the current fleet, is taken as the job's time so far (a job past its knee has typically
+about as long again to go), at least one interval. The planner's model predicts the
+remaining job's Perf/$ with one worker fewer::
+
+    T = R·d_p                 C = T·(p·w + f)
+    T' = R·(p/(p−1))^γ·d_{p−1} + settle·d_{p−1}      C' = T'·((p−1)·w + f)
+    gain = (T·C) / (T'·C')
+
+γ is the engine's epoch-per-P rule (``ebb.engine.cadence``): 0 under ``sync.combine``
+mean (a step is one worker's step of progress, whatever P), 1 under sum (a step is P
+workers' steps, so fewer workers need proportionally more steps); ``settle`` the steps
+the fleet needs to re-settle (the eviction lands a step later and the replicas
+re-stripe). The eviction is taken only when ``gain > 1 + cost_margin``; each decision
+records the predicted step time and gain, and the next decision at the smaller fleet the
+realised ones (the same formula on the measured step time).
 """
 
 from __future__ import annotations
@@ -68,6 +88,11 @@ DEFAULT_THROUGHPUT_TOLERANCE = _SPEC.throughput_tolerance
 # Steps a fleet size needs before its mean step duration counts (durations vary far
 # less than losses do, so fewer than the fits' min_fit_points).
 MIN_TIMED_STEPS = 3
+
+# Cost guard: an eviction must improve the predicted Perf/$ of the remaining work by
+# more than this share, and the fleet is taken to lose this many steps re-settling.
+DEFAULT_COST_MARGIN = 0.02
+DEFAULT_SETTLE_STEPS = 2.0
 
 # Fits use at most this many evenly spaced smoothed points: the smoothed curve carries
 # no more information at a finer spacing, and the solver's cost grows with the count.
@@ -108,6 +133,11 @@ class ScaleInTuner:
         fit_alpha: float = 0.3,
         reference_recency: float = DEFAULT_REFERENCE_RECENCY,
         throughput_tolerance: float = DEFAULT_THROUGHPUT_TOLERANCE,
+        worker_usd_s: float = 0.0,
+        fixed_usd_s: float = 0.0,
+        progress_exponent: float = 0.0,
+        cost_margin: float = DEFAULT_COST_MARGIN,
+        settle_steps: float = DEFAULT_SETTLE_STEPS,
     ):
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
@@ -125,6 +155,11 @@ class ScaleInTuner:
             raise ValueError(f"reference_recency must be >= 0, got {reference_recency}")
         if not 0.0 <= throughput_tolerance <= 1.0:
             raise ValueError(f"throughput_tolerance must be in [0, 1], got {throughput_tolerance}")
+        if worker_usd_s < 0 or fixed_usd_s < 0 or not 0.0 <= progress_exponent <= 1.0 or settle_steps < 0:
+            raise ValueError("cost guard: prices and settle_steps must be >= 0 and progress_exponent in [0, 1]")
+        self.worker_usd_s, self.fixed_usd_s = float(worker_usd_s), float(fixed_usd_s)
+        self.progress_exponent, self.cost_margin = float(progress_exponent), float(cost_margin)
+        self.settle_steps = float(settle_steps)
         self.reference_recency = float(reference_recency)
         self.throughput_tolerance = float(throughput_tolerance)
         self.interval_s = float(interval_s)
@@ -212,10 +247,42 @@ class ScaleInTuner:
         self.reference = reference
         self.reference_step_s = step_s
         self.reference_workers = int(workers)
+        guard = self.cost_guard(workers, elapsed_s)
+        if guard is not None and not guard["pays"]:
+            self._settle_realised(workers)
+            self.decisions.append(
+                {
+                    "step": self._steps[-1],
+                    "elapsed_s": round(float(elapsed_s), 3),
+                    "workers": int(workers),
+                    "s_delta": None,
+                    "throughput": None,
+                    "evict": False,
+                    "at_knee": True,
+                    **_guard_fields(guard),
+                }
+            )
+            self.next_decision_s = float(elapsed_s) + self.interval_s
+            self._steps, self._elapsed, self._losses, self._workers = [], [], [], []
+            return None
         reason = (
             f"knee at step {self.knee_step}: reference curve fitted on {len(self._steps)} steps, "
             f"d_P={step_s:.4g}s, P={workers}"
         )
+        if guard is not None:
+            reason += f", predicted Perf/$ gain {guard['predicted_gain']:.3f}"
+            self.decisions.append(
+                {
+                    "step": self._steps[-1],
+                    "elapsed_s": round(float(elapsed_s), 3),
+                    "workers": int(workers),
+                    "s_delta": None,
+                    "throughput": None,
+                    "evict": True,
+                    "at_knee": True,
+                    **_guard_fields(guard),
+                }
+            )
         self._record_eviction(elapsed_s, workers, reason, s_delta=None)
         return reason
 
@@ -237,7 +304,10 @@ class ScaleInTuner:
         self.last_s_delta = s_delta
         throughput = self.throughput_after_eviction(workers)
         keeps_pace = throughput is None or throughput >= 1.0 - self.throughput_tolerance
-        evict = s_delta is not None and s_delta < self.tolerance and keeps_pace
+        self._settle_realised(workers)
+        guard = self.cost_guard(workers, elapsed_s)
+        pays = guard is None or guard["pays"]
+        evict = s_delta is not None and s_delta < self.tolerance and keeps_pace and pays
         self.decisions.append(
             {
                 "step": steps[-1],
@@ -246,6 +316,7 @@ class ScaleInTuner:
                 "s_delta": s_delta,
                 "throughput": None if throughput is None else round(throughput, 4),
                 "evict": evict,
+                **({} if guard is None else _guard_fields(guard)),
             }
         )
         if not evict:
@@ -253,6 +324,8 @@ class ScaleInTuner:
         reason = f"s_delta={s_delta:.4f} < S={self.tolerance:g} at step {steps[-1]} with {workers} workers"
         if throughput is not None:
             reason += f", throughput after {throughput:.3f} of the full fleet's"
+        if guard is not None:
+            reason += f", predicted Perf/$ gain {guard['predicted_gain']:.3f}"
         self._record_eviction(elapsed_s, workers, reason, s_delta=s_delta)
         return reason
 
@@ -294,6 +367,69 @@ class ScaleInTuner:
         after = min(now, max(now - slope, now * (workers - 1) / workers))
         return ((workers - 1) / after) / (self.reference_workers / full)
 
+    def _step_times(self) -> dict[int, float]:
+        return {
+            p: seconds / count
+            for p, (seconds, count) in self.step_time.items()
+            if count >= MIN_TIMED_STEPS and seconds > 0
+        }
+
+    def _step_after(self, workers: int, measured: dict[int, float]) -> float | None:
+        """The step duration predicted at ``workers - 1`` from the sizes measured so far
+        (as ``throughput_after_eviction``: between "no faster" and "faster in proportion")."""
+        now = measured.get(workers)
+        if now is None:
+            now = self.reference_step_s if workers == self.reference_workers else None
+        if now is None or now <= 0 or workers < 2:
+            return None
+        slope = 0.0
+        if len(measured) >= 2:
+            sizes = np.array(sorted(measured), dtype=float)
+            slope = float(np.polyfit(sizes, [measured[int(p)] for p in sizes], 1)[0])
+        return min(now, max(now - slope, now * (workers - 1) / workers))
+
+    def predicted_gain(self, workers: int, step_now: float, step_after: float, remaining_s: float) -> float:
+        """The remaining work's Perf/$ with ``workers - 1`` over that with ``workers``
+        (the module docstring's formula; > 1: the eviction pays)."""
+        p, w, f = workers, self.worker_usd_s, self.fixed_usd_s
+        work = max(1.0, max(self.interval_s, remaining_s) / step_now)  # R
+        t_now = work * step_now
+        t_after = work * (p / (p - 1)) ** self.progress_exponent * step_after + self.settle_steps * step_after
+        return (t_now * t_now * (p * w + f)) / (t_after * t_after * ((p - 1) * w + f))
+
+    def cost_guard(self, workers: int, elapsed_s: float) -> dict | None:
+        """Whether evicting one of ``workers`` pays for itself (None: no prices, guard off)."""
+        if self.worker_usd_s <= 0 or workers < 2:
+            return None
+        measured = self._step_times()
+        now = measured.get(workers, self.reference_step_s if workers == self.reference_workers else None)
+        after = self._step_after(workers, measured)
+        if now is None or after is None or now <= 0:
+            return None
+        gain = self.predicted_gain(workers, now, after, elapsed_s)
+        return {
+            "pays": gain > 1.0 + self.cost_margin,
+            "predicted_gain": gain,
+            "step_s": now,
+            "predicted_step_s": after,
+            "remaining_s": max(self.interval_s, float(elapsed_s)),
+        }
+
+    def _settle_realised(self, workers: int) -> None:
+        """Fill the last eviction's realised effect once the smaller fleet has been timed:
+        its measured step duration, and the gain the formula gives with it."""
+        evicted = [d for d in self.decisions if d.get("evict") and d.get("predicted_gain") is not None]
+        if not evicted or evicted[-1].get("realised_gain") is not None or evicted[-1]["workers"] != workers + 1:
+            return
+        last = evicted[-1]
+        measured = self._step_times().get(workers)
+        if measured is None:
+            return
+        last["realised_step_s"] = round(measured, 6)
+        last["realised_gain"] = round(
+            self.predicted_gain(workers + 1, last["step_s"], measured, last["remaining_s"]), 4
+        )
+
     def _record_eviction(self, elapsed_s: float, workers: int, reason: str, s_delta: float | None) -> None:
         self.evictions.append(
             {
@@ -325,6 +461,11 @@ class ScaleInTuner:
             "fit_alpha": self.fit_alpha,
             "reference_recency": self.reference_recency,
             "throughput_tolerance": self.throughput_tolerance,
+            "worker_usd_s": self.worker_usd_s,
+            "fixed_usd_s": self.fixed_usd_s,
+            "progress_exponent": self.progress_exponent,
+            "cost_margin": self.cost_margin,
+            "settle_steps": self.settle_steps,
         }
 
     def state_dict(self) -> dict:
@@ -374,6 +515,15 @@ class ScaleInTuner:
         tuner = cls(**state["config"])
         tuner.load_state_dict(state)
         return tuner
+
+
+def _guard_fields(guard: dict) -> dict:
+    return {
+        "step_s": round(guard["step_s"], 6),
+        "predicted_step_s": round(guard["predicted_step_s"], 6),
+        "predicted_gain": round(guard["predicted_gain"], 4),
+        "remaining_s": round(guard["remaining_s"], 3),
+    }
 
 
 def _mean_step_duration(steps: list[int], elapsed: list[float]) -> float:

@@ -5,13 +5,11 @@ from .model import (
     MB_PER_VCPU,
     Prices,
     PricesError,
-    Profile,
     Usage,
     chunks_64k,
     estimate_cost,
     load_prices,
     perf_per_dollar,
-    predict,
     would_exceed,
 )
 
@@ -20,12 +18,10 @@ __all__ = [
     "MB_PER_VCPU",
     "Prices",
     "PricesError",
-    "Profile",
     "Usage",
     "chunks_64k",
     "estimate_cost",
     "load_prices",
     "perf_per_dollar",
-    "predict",
     "would_exceed",
 ]

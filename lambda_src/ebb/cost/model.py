@@ -1,4 +1,5 @@
-"""Dollar cost of a job from what it measured, and predictions for other fleet sizes.
+"""Dollar cost of a job from what it measured (predictions for other fleet sizes and
+memories are ``ebb.plan``'s, priced through ``ebb.cost.meter``).
 
 Prices come from one JSON file with its region and date (``prices.json`` next to this
 module by default; pass your own to ``load_prices``). Free tiers, Savings Plans and
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -284,120 +285,3 @@ def would_exceed(projected_usd: float, budget_usd: float | None, margin: float =
     if not 0.0 <= margin < 1.0:
         raise ValueError(f"margin must be in [0, 1), got {margin}")
     return projected_usd > budget_usd * (1.0 - margin)
-
-
-@dataclass
-class Profile:
-    """Per-step timings measured with ``workers`` workers at ``memory_mb`` (FasDL-style).
-
-    ``compute_s``: one worker's mean compute time per step (fetch batch, local update,
-    significance filter). ``comm_s``: mean per-step communication + barrier time, of
-    which ``comm_fixed_s`` does not depend on the fleet size. ``steps``: steps the job
-    takes at ``workers``. ``work``: "epochs" if the job processes a fixed amount of data
-    (the per-worker batch is fixed, so steps scale as 1/workers), "steps" if the step
-    count is fixed. ``startup_s``: per-round start-up (cold start, loading state).
-    ``round_s``: length of one Lambda round (docs/ARCHITECTURE.md, "Rounds and checkpoints").
-    ``requests_per_worker_step``: metered request counts per worker per step (keys of ``Usage``: sns_chunks,
-    sqs_chunks, s3_get, s3_put, s3_list, cache_ecpu). ``transitions_per_worker_round``:
-    Step Functions transitions per worker per round (Map iterations and their states).
-    """
-
-    workers: int
-    memory_mb: int
-    compute_s: float
-    comm_s: float
-    steps: int
-    work: str = "epochs"
-    comm_fixed_s: float = 0.0
-    startup_s: float = 0.0
-    round_s: float = 840.0
-    arch: str = "x86_64"
-    supervisor_memory_mb: int = SUPERVISOR_MEMORY_MB
-    cache_node_type: str | None = None
-    cache_nodes: int = 0
-    requests_per_worker_step: dict[str, float] = field(default_factory=dict)
-    transitions_per_worker_round: float = 0.0
-
-
-_SCALED_COUNTERS = ("sns_chunks", "sqs_chunks", "s3_get", "s3_put", "s3_list", "cache_ecpu")
-
-
-def predict(profile: Profile, workers: int, memory_mb: int, prices: Prices) -> dict:
-    """Predicted time and cost of the profiled job with ``workers`` at ``memory_mb``.
-
-    Model (kept deliberately simple):
-
-    * compute per step ∝ 1 / vCPU share, share = min(memory, 1769 MB) / 1769 MB: Lambda
-      gives CPU in proportion to memory up to one vCPU at 1,769 MB, and the workers'
-      sparse updates are single-threaded, so more memory than that buys no speed;
-    * communication per step = fixed part + a part linear in the peers (workers - 1),
-      since each worker pulls every other worker's update (MLLess: O(p) per step); the
-      memory-dependence of Lambda's network bandwidth is not modelled;
-    * every worker is billed for the whole run (it waits at the barrier), rounds of
-      ``round_s`` each re-invoke every worker and the supervisor;
-    * request counters scale per worker-step.
-
-    Returns workers, memory_mb, steps, compute_s, comm_s, step_s, rounds, wall_seconds,
-    total_usd, by_component and perf_per_dollar.
-    """
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    if not 128 <= memory_mb <= 10240:
-        raise ValueError(f"memory_mb must be within Lambda's 128..10240 MB, got {memory_mb}")
-    if profile.work not in ("epochs", "steps"):
-        raise ValueError(f"profile.work must be 'epochs' or 'steps', got {profile.work!r}")
-    if profile.workers < 1 or profile.steps < 1 or profile.round_s <= 0:
-        raise ValueError("profile needs workers >= 1, steps >= 1 and round_s > 0")
-    if not 0.0 <= profile.comm_fixed_s <= profile.comm_s:
-        raise ValueError("profile.comm_fixed_s must be within [0, comm_s]")
-    unknown = set(profile.requests_per_worker_step) - set(_SCALED_COUNTERS)
-    if unknown:
-        raise ValueError(f"unknown request counters {sorted(unknown)}; use {list(_SCALED_COUNTERS)}")
-
-    def cpu_share(memory: int) -> float:
-        return min(memory, MB_PER_VCPU) / MB_PER_VCPU
-
-    compute_s = profile.compute_s * cpu_share(profile.memory_mb) / cpu_share(memory_mb)
-    if profile.workers > 1:
-        per_peer_s = (profile.comm_s - profile.comm_fixed_s) / (profile.workers - 1)
-        comm_s = profile.comm_fixed_s + per_peer_s * (workers - 1)
-    else:
-        comm_s = profile.comm_s  # one profiled worker says nothing about peers
-    step_s = compute_s + comm_s
-    if profile.work == "epochs":
-        steps = math.ceil(profile.steps * profile.workers / workers)
-    else:
-        steps = profile.steps
-    training_s = steps * step_s
-    rounds = max(1, math.ceil(training_s / profile.round_s))
-    wall_s = training_s + rounds * profile.startup_s
-
-    usage = Usage(
-        worker_seconds=workers * wall_s,
-        memory_mb=memory_mb,
-        supervisor_seconds=wall_s,
-        supervisor_memory_mb=profile.supervisor_memory_mb,
-        arch=profile.arch,
-        invocations=rounds * (workers + 1),
-        wall_seconds=wall_s,
-        cache_node_type=profile.cache_node_type,
-        cache_nodes=profile.cache_nodes,
-        sfn_transitions=round(profile.transitions_per_worker_round * workers * rounds),
-    )
-    for name, per_worker_step in profile.requests_per_worker_step.items():
-        count = per_worker_step * workers * steps
-        setattr(usage, name, count if name == "cache_ecpu" else round(count))
-    cost = estimate_cost(usage, prices)
-    return {
-        "workers": workers,
-        "memory_mb": memory_mb,
-        "steps": steps,
-        "compute_s": compute_s,
-        "comm_s": comm_s,
-        "step_s": step_s,
-        "rounds": rounds,
-        "wall_seconds": wall_s,
-        "total_usd": cost["total_usd"],
-        "by_component": cost["by_component"],
-        "perf_per_dollar": perf_per_dollar(wall_s, cost["total_usd"]) if cost["total_usd"] > 0 else None,
-    }

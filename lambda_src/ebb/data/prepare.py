@@ -295,8 +295,9 @@ class _Ingest:
     """Reads one format into chunks of the stored kind, and keeps what the manifest
     needs: id maps, feature ranges and dimension, skipped-row counts."""
 
-    def __init__(self, fmt: str, *, skip_bad_rows: bool, num_features: int, numeric_scaling: str):
+    def __init__(self, fmt: str, *, skip_bad_rows: bool, num_features: int, numeric_scaling: str, max_dimension: int):
         self.fmt = fmt
+        self.max_dimension = max_dimension
         self.skip_bad_rows = skip_bad_rows
         self.num_features = num_features
         self.numeric_scaling = numeric_scaling
@@ -318,7 +319,7 @@ class _Ingest:
             scaling = "none" if self.numeric_scaling == "minmax" else self.numeric_scaling
             return CriteoReader(path, num_features=self.num_features, numeric_scaling=scaling, skip_bad_rows=skip)
         if self.fmt == "libsvm":
-            return LibSVMReader(path, skip_bad_rows=skip)
+            return LibSVMReader(path, skip_bad_rows=skip, max_dimension=self.max_dimension)
         return CSVReader(path, normalize=False, skip_bad_rows=skip)
 
     def read(self, path: str | os.PathLike, *, is_train: bool) -> Iterator[dict[str, np.ndarray]]:
@@ -336,6 +337,12 @@ class _Ingest:
         for chunk in reader:
             if self.fmt == "movielens":
                 chunk = self._remap(chunk, grow=is_train)
+                for name, ids in (("users", self.users), ("items", self.items)):
+                    if len(ids) > self.max_dimension:
+                        raise DataError(
+                            f"{path}:{reader.rows + batch_rows(chunk)}: more than {self.max_dimension:,} distinct "
+                            f"{name} by this line (prepare.max_dimension, --max-dimension)"
+                        )
             elif is_train and self.fmt == "csv":
                 self.feature_range.update(chunk["x"])
             elif is_train and self.feature_range is not None:  # criteo minmax
@@ -394,6 +401,7 @@ def prepare_dataset(
     skip_bad_rows: bool = _DEFAULT["skip_bad_rows"],
     num_features: int = _DEFAULT["num_features"],
     numeric_scaling: str = _DEFAULT["numeric_scaling"],
+    max_dimension: int = _DEFAULT["max_dimension"],
     progress: Progress | None = None,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     tmp_dir: str | os.PathLike | None = None,
@@ -408,7 +416,8 @@ def prepare_dataset(
     ``val_fraction`` of the input's shuffled rows just before the test rows: no row is in
     two splits, and the test split does not depend on it. The defaults are the job spec's
     (``ebb.spec.PrepareSpec``). ``num_features`` (hashing dimension) and ``numeric_scaling``
-    (log | minmax | none) apply to Criteo; LibSVM's dimension is its largest index + 1; CSV
+    (log | minmax | none) apply to Criteo; LibSVM's dimension is its largest index + 1 (at
+    most ``max_dimension``, as are MovieLens's distinct users and items); CSV
     features are min-max scaled with the range of ``input_path``. ``bucket_bytes`` is the
     input per shuffle bucket (memory bound); ``progress(rows, note)`` is called about every
     100k rows. Deterministic for a given
@@ -430,8 +439,16 @@ def prepare_dataset(
         raise ValueError(f"seed must be non-negative, got {seed}")
     if numeric_scaling not in NUMERIC_SCALINGS:
         raise ValueError(f"numeric_scaling must be one of {NUMERIC_SCALINGS}, got {numeric_scaling!r}")
+    if fmt == "criteo" and num_features > max_dimension:
+        raise ValueError(f"num_features {num_features:,} is more than max_dimension {max_dimension:,}")
     kind = FORMAT_KINDS[fmt]
-    ingest = _Ingest(fmt, skip_bad_rows=skip_bad_rows, num_features=num_features, numeric_scaling=numeric_scaling)
+    ingest = _Ingest(
+        fmt,
+        skip_bad_rows=skip_bad_rows,
+        num_features=num_features,
+        numeric_scaling=numeric_scaling,
+        max_dimension=max_dimension,
+    )
     # Independent streams, so adding a test file does not change the training order.
     train_rng, test_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
 
@@ -615,6 +632,7 @@ def prepare_from_spec(prep, store: ObjectStore, progress: Progress | None = None
                 skip_bad_rows=prep.skip_bad_rows,
                 num_features=prep.num_features,
                 numeric_scaling=prep.numeric_scaling,
+                max_dimension=prep.max_dimension,
                 progress=progress,
             )
         except ValueError as exc:  # a bad row, or no rows at all: name the input as given

@@ -32,6 +32,7 @@ from typing import IO
 import numpy as np
 
 from ebb.data.format import batch_rows
+from ebb.spec import PrepareSpec, field_default
 
 BLOCK_BYTES = 4 << 20  # input read per vectorised parse
 KEEP_BAD_ROWS = 5  # messages kept when skipping bad rows
@@ -42,6 +43,14 @@ CRITEO_FIELDS = 1 + CRITEO_NUMERIC + CRITEO_CATEGORICAL
 NUMERIC_SCALINGS = ("log", "minmax", "none")
 
 _MAX_INDEX = np.iinfo(np.int32).max - 1  # feature indices are stored as int32
+# Values are stored as float32: a finite float64 beyond this would become infinity.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+# Raw ids are kept as int64; the vectorised parse reads them as float64, exact below 2**53.
+_INT64 = (-(2**63), 2**63 - 1)
+_EXACT_IN_FLOAT = 2.0**53
+# Dimensions (features, users, items) beyond prepare.max_dimension are refused: a stray
+# index of 2,147,483,000 would make every worker 8.6 GB.
+MAX_DIMENSION: int = field_default(PrepareSpec, "max_dimension")
 
 
 # A rating must survive float32 and the squared sums of the dataset's statistics.
@@ -56,13 +65,23 @@ class _BadRow(Exception):
     """Raised by a line parser; the reader adds path and line number."""
 
 
+MESSAGE_CHARS = 200  # an error message quotes at most this much (a 10 MB line is not echoed)
+_TOKEN_CHARS = 40
+
+
 def _text(token: bytes) -> str:
-    return token.strip().decode("utf-8", errors="replace")
+    text = token[: 4 * _TOKEN_CHARS].strip().decode("utf-8", errors="replace")
+    return text if len(text) <= _TOKEN_CHARS and len(token) <= 4 * _TOKEN_CHARS else text[:_TOKEN_CHARS] + "…"
+
+
+def cut(message: str, limit: int = MESSAGE_CHARS) -> str:
+    """``message`` in at most ``limit`` characters."""
+    return message if len(message) <= limit else message[: limit - 1] + "…"
 
 
 def _int_field(token: bytes, what: str) -> int:
     try:
-        return int(token)
+        return _in_int64(int(token), token, what)
     except ValueError:
         pass
     # The vectorised path parses ids as floats, so accept "12.0" here too.
@@ -72,16 +91,31 @@ def _int_field(token: bytes, what: str) -> int:
         number = float("nan")
     if not number.is_integer():
         raise _BadRow(f"{what} {_text(token)!r} is not an integer")
-    return int(number)
+    return _in_int64(int(number), token, what)
 
 
-def _float_field(token: bytes, what: str) -> float:
+def _in_int64(number: int, token: bytes, what: str) -> int:
+    if not _INT64[0] <= number <= _INT64[1]:
+        raise _BadRow(f"{what} {_text(token)!r} is out of range (a 64-bit integer)")
+    return number
+
+
+def _fits_float32(values: np.ndarray) -> bool:
+    """Every value finite once stored as float32 (a finite float64 may overflow it)."""
+    return bool((np.abs(values) <= FLOAT32_MAX).all())  # False for NaN and ±inf too
+
+
+def _float_field(token: bytes, what: str, max_abs: float | None = None) -> float:
     try:
         number = float(token)
     except ValueError:
         raise _BadRow(f"{what} {_text(token)!r} is not a number") from None
     if not np.isfinite(number):
         raise _BadRow(f"{what} {_text(token)!r} is not finite")
+    if max_abs is not None and abs(number) > max_abs:
+        raise _BadRow(f"{what} {_text(token)!r} is out of range (|{what}| ≤ {max_abs:g})")
+    if abs(number) > FLOAT32_MAX:
+        raise _BadRow(f"{what} {_text(token)!r} is out of range: it is stored as float32 (|x| ≤ {FLOAT32_MAX:.4g})")
     return number
 
 
@@ -203,7 +237,7 @@ class _LineReader(ABC):
         return self._assemble(rows)
 
     def _bad_row(self, lineno: int, what: str) -> None:
-        message = f"{self.path}:{lineno}: {what}"
+        message = cut(f"{self.path}:{lineno}: {what}")
         if not self.skip_bad_rows:
             raise DataError(message)
         self.skipped_rows += 1
@@ -278,7 +312,10 @@ class MovieLensReader(_LineReader):
             return None
         ids = table[:, :2]
         if not (
-            np.isfinite(table).all() and (ids == np.round(ids)).all() and (np.abs(table[:, 2]) <= MAX_RATING).all()
+            np.isfinite(table).all()
+            and (ids == np.round(ids)).all()
+            and (np.abs(ids) < _EXACT_IN_FLOAT).all()
+            and (np.abs(table[:, 2]) <= MAX_RATING).all()
         ):
             return None  # the line-by-line path names the bad row
         return {
@@ -293,9 +330,7 @@ class MovieLensReader(_LineReader):
             raise _BadRow(f"expected 4 fields, got {len(fields)}")
         user = _int_field(fields[0], "user id")
         item = _int_field(fields[1], "item id")
-        rating = _float_field(fields[2], "rating")
-        if abs(rating) > MAX_RATING:
-            raise _BadRow(f"rating {_text(fields[2])!r} is out of range (|rating| ≤ {MAX_RATING:g})")
+        rating = _float_field(fields[2], "rating", max_abs=MAX_RATING)
         _float_field(fields[3], "timestamp")
         return user, item, rating
 
@@ -485,7 +520,7 @@ class CriteoReader(_LineReader):
         hashed = _fnv1a64_array(categorical, self._prefix_state)
         index[:, CRITEO_NUMERIC:] = CRITEO_NUMERIC + (hashed % np.uint64(self._buckets)).astype(np.int64)
         mask = np.concatenate([numeric_present, categorical != b""], axis=1)
-        if not np.isfinite(value[mask]).all():
+        if not _fits_float32(value[mask]):
             return None
         indptr = np.zeros(rows + 1, dtype=np.int64)
         np.cumsum(mask.sum(axis=1), out=indptr[1:])
@@ -545,9 +580,17 @@ class LibSVMReader(_LineReader):
     :attr:`num_features`.
     """
 
-    def __init__(self, path: str | os.PathLike, *, skip_bad_rows: bool = False, block_bytes: int = BLOCK_BYTES):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        skip_bad_rows: bool = False,
+        block_bytes: int = BLOCK_BYTES,
+        max_dimension: int = MAX_DIMENSION,
+    ):
         super().__init__(path, skip_bad_rows=skip_bad_rows, block_bytes=block_bytes)
         self.max_index = -1
+        self.index_limit = min(_MAX_INDEX, max_dimension - 1)
 
     @property
     def num_features(self) -> int:
@@ -586,8 +629,8 @@ class LibSVMReader(_LineReader):
         indices, values = pairs[:, 0], pairs[:, 1]
         if (
             labels is None
-            or not np.isfinite(values).all()
-            or not ((indices == np.round(indices)) & (indices >= 0) & (indices <= _MAX_INDEX)).all()
+            or not _fits_float32(values)
+            or not ((indices == np.round(indices)) & (indices >= 0) & (indices <= self.index_limit)).all()
         ):
             return None
         indptr = np.zeros(len(nnz) + 1, dtype=np.int64)
@@ -613,8 +656,11 @@ class LibSVMReader(_LineReader):
                 index = int(index_text)
             except ValueError:
                 raise _BadRow(f"feature index {_text(index_text)!r} is not an integer") from None
-            if not 0 <= index <= _MAX_INDEX:
-                raise _BadRow(f"feature index {index} is out of range [0, {_MAX_INDEX}]")
+            if not 0 <= index <= self.index_limit:
+                raise _BadRow(
+                    f"feature index {index} is out of range [0, {self.index_limit}] "
+                    "(at most prepare.max_dimension features, --max-dimension)"
+                )
             indices.append(index)
             values.append(_float_field(value_text, "feature value"))
         return label, indices, values
@@ -647,7 +693,7 @@ class CSVReader(_LineReader):
         self.normalize = normalize
         self.feature_range = feature_range
         with open(path, "rb") as file:
-            self.columns = [_text(name) for name in file.readline().split(b",")]
+            self.columns = [name.strip().decode("utf-8", errors="replace") for name in file.readline().split(b",")]
         if len(self.columns) < 2:
             raise DataError(f"{path}:1: a CSV header with a label and at least one feature column is required")
         self.label_column = self.columns.index("label") if "label" in self.columns else 0
@@ -674,7 +720,7 @@ class CSVReader(_LineReader):
 
     def _parse_block(self, block: bytes) -> dict[str, np.ndarray] | None:
         table = np.loadtxt(io.BytesIO(block), delimiter=",", dtype=np.float64, ndmin=2, comments=None)
-        if table.shape[1] != len(self.columns) or not np.isfinite(table).all():
+        if table.shape[1] != len(self.columns) or not _fits_float32(table):
             return None
         labels = _binary_labels(table[:, self.label_column])
         if labels is None:

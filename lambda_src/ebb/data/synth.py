@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +256,20 @@ class RatingsPreset:
     rating_std: float  # of the real file: ``noise`` was chosen to come within 0.04 of it
     noise: float
     whole_star_share: float = 0.0  # half-star scale: share of ratings by users who rate whole stars only
+    # The irregularities of real raters (all off in the documented-shape presets; on in the
+    # "-wild" ones): the planted rank and how fast its spectrum falls off (a slower fall-off
+    # leaves more of the interaction out of a rank-20 model's reach) ...
+    rank: int = 10
+    spectrum_decay: float = SPECTRUM_DECAY
+    # ... each user's own noise σ_u = noise · e^{s·z − s²/2}, z ~ N(0, 1) (some raters are
+    # consistent, others not; the mean σ stays ``noise``) ...
+    noise_spread: float = 0.0
+    # ... the correlation of a user's bias with the log of their count (negative: the heavy
+    # raters are the harsh ones) ...
+    activity_bias_corr: float = 0.0
+    # ... and rarely rated items' biases spread wider: std × (1 + boost · e^{−(count − 1)/3})
+    # (the obscure film is loved or loathed by its few raters, which training barely sees).
+    rare_item_bias_boost: float = 0.0
 
     @property
     def lowest(self) -> float:
@@ -325,6 +339,19 @@ RATING_PRESETS: dict[str, RatingsPreset] = {
         whole_star_share=0.55,
     ),
 }
+# The same counts and scales with real raters' irregularities (see RatingsPreset): what the
+# documented shapes alone do not show, and what defaults must also hold on. ml-latest-small's
+# item tail is pinned a little further (57 % of items rated at most 3 times, as in the file).
+_WILD = dict(rank=30, spectrum_decay=0.85, noise_spread=0.4, activity_bias_corr=-0.3, rare_item_bias_boost=1.0)
+# σ a little lower than the tame presets': the spread of σ_u widens the tails, and the
+# wild presets keep the files' histograms (0.5–1.5 stars under 6 % of ml-latest-small).
+RATING_PRESETS["ml-100k-wild"] = replace(RATING_PRESETS["ml-100k"], noise=0.82, **_WILD)
+RATING_PRESETS["ml-latest-small-wild"] = replace(
+    RATING_PRESETS["ml-latest-small"],
+    noise=0.68,
+    item_quantiles=((0.0, 1), (0.354, 1.5), (0.57, 3.45), (0.75, 9), (1 - 0.5 / 9724, 329)),
+    **_WILD,
+)
 _TAIL_P = 0.95  # where the solved point of the count distribution sits
 HIGHEST_RATING = 5.0
 # Planted structure of the shaped generator (rating units): a user's and an item's bias,
@@ -432,7 +459,7 @@ def _rounded(latent: np.ndarray, step: np.ndarray, lowest: np.ndarray) -> np.nda
 
 
 def _rating_moments(
-    mean: np.ndarray, noise: float, step: np.ndarray, lowest: np.ndarray
+    mean: np.ndarray, noise: float | np.ndarray, step: np.ndarray, lowest: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """E and Var of the entered rating given its planted mean, exactly (normal CDFs)."""
     from scipy.special import ndtr
@@ -456,9 +483,9 @@ def synth_shaped_ratings(
     users: int | None = None,
     items: int | None = None,
     ratings: int | None = None,
-    rank: int = 10,
+    rank: int | None = None,
     noise: float | None = None,
-    spectrum_decay: float = SPECTRUM_DECAY,
+    spectrum_decay: float | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
     """Ratings shaped like a public MovieLens file (``preset``), with planted structure.
@@ -493,6 +520,8 @@ def synth_shaped_ratings(
     shape = RATING_PRESETS[preset]
     users, items, ratings = users or shape.users, items or shape.items, ratings or shape.ratings
     noise = shape.noise if noise is None else noise
+    rank = shape.rank if rank is None else rank
+    spectrum_decay = shape.spectrum_decay if spectrum_decay is None else spectrum_decay
     if ratings > 0.5 * users * items:
         raise ValueError(f"{ratings} ratings is more than half of the {users}×{items} matrix")
     rng = np.random.default_rng(seed)
@@ -515,6 +544,13 @@ def synth_shaped_ratings(
     item_bias = ITEM_BIAS_STD * (
         POPULARITY_BIAS_CORR * popularity + np.sqrt(1 - POPULARITY_BIAS_CORR**2) * _left_skewed(rng, items)
     )
+    if shape.activity_bias_corr:
+        log_activity = np.log(user_degree)
+        activity = (log_activity - log_activity.mean()) / max(log_activity.std(), 1e-12)
+        c = shape.activity_bias_corr
+        user_bias = c * USER_BIAS_STD * activity + np.sqrt(1 - c**2) * user_bias
+    if shape.rare_item_bias_boost:
+        item_bias = item_bias * (1 + shape.rare_item_bias_boost * np.exp(-(item_degree - 1) / 3.0))
     product_std = spectrum_decay ** np.arange(rank, dtype=float)
     product_std *= INTERACTION_STD**2 / product_std.sum()  # variances of the components
     user_factors = rng.normal(0.0, 1.0, (users, rank)) * product_std**0.25
@@ -527,11 +563,17 @@ def synth_shaped_ratings(
         whole_star[by_user[np.cumsum(user_degree[by_user]) <= shape.whole_star_share * ratings]] = True
     step = np.where(whole_star[user] | (shape.step >= 1), 1.0, 0.5)
     lowest = np.where(step >= 1, 1.0, 0.5)
-    noise_draw = rng.normal(0.0, noise, ratings)
+    # One σ per user (all ``noise`` unless the preset spreads them), drawn after the rest so
+    # the presets without a spread generate what they always did.
+    user_noise = np.full(users, noise)
+    if shape.noise_spread:
+        s = shape.noise_spread
+        user_noise = noise * np.exp(s * rng.normal(size=users) - s * s / 2)
+    noise_draw = rng.normal(0.0, 1.0, ratings) * user_noise[user]
     mu = _solve_mu(signal, noise_draw, step, lowest, shape.rating_mean)
     mean = mu + signal
     rating = _rounded(mean + noise_draw, step, lowest)
-    expected, variance = _rating_moments(mean, noise, step, lowest)
+    expected, variance = _rating_moments(mean, user_noise[user], step, lowest)
 
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -555,6 +597,8 @@ def synth_shaped_ratings(
         "scale": {"lowest": shape.lowest, "highest": HIGHEST_RATING, "step": shape.step},
         "whole_star_share": shape.whole_star_share if shape.step < 1 else 1.0,
         "rank": rank, "noise": noise, "spectrum_decay": spectrum_decay, "mu": mu,
+        "noise_spread": shape.noise_spread, "activity_bias_corr": shape.activity_bias_corr,
+        "rare_item_bias_boost": shape.rare_item_bias_boost,
         "user_bias_std": USER_BIAS_STD, "item_bias_std": ITEM_BIAS_STD, "interaction_std": INTERACTION_STD,
         "popularity_bias_corr": POPULARITY_BIAS_CORR,
         # The RMSE of the best possible predictor, E[rating | planted mean]; and of the

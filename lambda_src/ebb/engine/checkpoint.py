@@ -17,11 +17,14 @@ are deleted once a newer one is complete.
 
 A worker's file is an ``.npz`` of plain arrays (no pickle): its replica (``param.*``),
 optimiser state (``opt.*``), ISP accumulators (``isp.*``) and its loop counters as JSON
-in a ``meta`` byte array.
+in a ``meta`` byte array, with a sha256 of every other array (``meta["sha256"]``). A file
+that cannot be decoded or does not match its checksum is a :class:`CheckpointError`
+naming it: the job stops there rather than going on without that worker.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -34,26 +37,54 @@ if TYPE_CHECKING:
     import numpy as np
 
 
+def arrays_digest(arrays: dict[str, np.ndarray]) -> str:
+    """sha256 of named arrays: names, dtypes, shapes and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        a = arrays[name]
+        digest.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+        digest.update(a.tobytes())
+    return digest.hexdigest()
+
+
 def write_worker(store: ObjectStore, key: str, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> int:
-    """Write a worker's state; returns its size in bytes."""
+    """Write a worker's state, its checksum in its metadata; returns its size in bytes."""
     import numpy as np  # here, not above: the light Lambda functions read only the JSON files
 
     from ebb.data.format import encode_batch
 
+    meta = {**meta, "sha256": arrays_digest(arrays)}
     blob = encode_batch({**arrays, "meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)})
     store.put(key, blob)
     return len(blob)
 
 
 def read_worker(store: ObjectStore, key: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A worker's state; a :class:`CheckpointError` naming the file if it is missing, cannot
+    be decoded or does not match the checksum in its metadata."""
     from ebb.data.format import decode_batch
 
     try:
-        arrays = decode_batch(store.get(key))
+        raw = store.get(key)
     except KeyError:
-        raise CheckpointError(f"checkpoint {key} is missing") from None
-    meta = json.loads(arrays.pop("meta").tobytes())
+        raise CheckpointError(f"checkpoint {store.locate(key)} is missing") from None
+    try:
+        arrays = decode_batch(raw)
+        meta = json.loads(arrays.pop("meta").tobytes())
+        if not isinstance(meta, dict):
+            raise ValueError("its metadata is not an object")
+    except Exception as exc:  # zipfile's CRC, numpy's header, JSON: whichever notices first
+        raise _corrupt(store, key, f"{type(exc).__name__}: {exc}") from None
+    if "sha256" in meta and meta["sha256"] != arrays_digest(arrays):
+        raise _corrupt(store, key, "its arrays do not match the checksum in its metadata")
     return meta, arrays
+
+
+def _corrupt(store: ObjectStore, key: str, why: str) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {store.locate(key)} is corrupt ({why[:120]}); the job cannot continue from it: "
+        "start it again, or restore the file"
+    )
 
 
 def write_supervisor(store: ObjectStore, round_: int, state: SupervisorState) -> None:
@@ -61,19 +92,30 @@ def write_supervisor(store: ObjectStore, round_: int, state: SupervisorState) ->
 
 
 def read_supervisor(store: ObjectStore, round_: int) -> SupervisorState:
+    key = supervisor_key(round_)
     try:
-        raw = store.get(supervisor_key(round_))
+        raw = store.get(key)
     except KeyError:
-        raise CheckpointError(f"checkpoint {supervisor_key(round_)} is missing") from None
-    return SupervisorState.model_validate_json(raw)
+        raise CheckpointError(f"checkpoint {store.locate(key)} is missing") from None
+    try:
+        return SupervisorState.model_validate_json(raw)
+    except ValueError as exc:  # pydantic's ValidationError included
+        raise _corrupt(store, key, f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
 
 
 def latest(store: ObjectStore) -> dict[str, Any] | None:
     """The last complete round (``{"round", "finished", "workers"}``), or None before the first."""
     try:
-        return json.loads(store.get(LATEST_KEY))
+        raw = store.get(LATEST_KEY)
     except KeyError:
         return None
+    try:
+        done = json.loads(raw)
+        if not isinstance(done, dict) or not isinstance(done.get("round"), int):
+            raise ValueError("not a round's commit")
+    except ValueError as exc:
+        raise _corrupt(store, LATEST_KEY, f"{type(exc).__name__}: {exc}") from None
+    return done
 
 
 def commit_round(store: ObjectStore, round_: int, *, finished: bool, workers: list[int]) -> None:

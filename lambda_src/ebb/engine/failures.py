@@ -33,21 +33,23 @@ def lost_workers(
     round_elapsed: float,
     stalled_s: float,
     heartbeats: Callable[[list[int]], dict[int, float]],
-    now: Callable[[], float],
+    age: Callable[[float], float],
 ) -> dict[int, str]:
     """Which of the ``missing`` workers (the step waits for them) are lost, and why.
 
-    ``stalled_s``: how long the step has waited; heartbeats are read only past the timeout."""
+    ``stalled_s``: how long the step has waited; heartbeats are read only past the timeout.
+    ``age(t)``: how old a heartbeat written at wall time ``t`` is, on the judge's running
+    time (``ebb.engine.pauses``: its own pauses left out)."""
     lost = {w: exited[w] for w in missing if w in exited}
     if stalled_s > faults.worker_timeout_s:
-        beats, at = heartbeats(missing), now()
+        beats = heartbeats(missing)
         for w in missing:
             if w in lost:
                 continue
             if w not in beats and round_elapsed > faults.startup_timeout_s:
                 lost[w] = f"sent no heartbeat in the round's first {faults.startup_timeout_s:g} s"
-            elif w in beats and at - beats[w] > faults.worker_timeout_s:
-                lost[w] = f"went silent (no heartbeat for {at - beats[w]:.0f} s)"
+            elif w in beats and (silent := age(beats[w])) > faults.worker_timeout_s:
+                lost[w] = f"went silent (no heartbeat for {silent:.0f} s)"
     return lost
 
 

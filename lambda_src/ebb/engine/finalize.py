@@ -1,7 +1,7 @@
 """Finalize (docs/ARCHITECTURE.md, "A job", step 3): merge the final replicas (or take the
-best one validation kept), score the test split, write the report, the model and the
-plot. A step of its own, after the last round, so no supervisor round pays for it (on AWS
-it is its own function).
+best one validation kept), score the test split, write the report, the model (with
+``model.json``, ``ebb.engine.artifact``) and the plot. A step of its own, after the last
+round, so no supervisor round pays for it (on AWS it is its own function).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from ebb.cost.model import perf_per_dollar
 from ebb.data.format import decode_batch
 from ebb.engine import checkpoint
 from ebb.engine.accounting import job_account
+from ebb.engine.artifact import write_artifact
 from ebb.engine.errors import EngineError
 from ebb.engine.outputs import write_outputs
-from ebb.engine.parts import PartCache
+from ebb.engine.parts import PartCache, prime_for_scoring
 from ebb.engine.replica import copy_replica
 from ebb.engine.state import SupervisorState
 from ebb.models import build_model
@@ -55,6 +56,7 @@ def evaluate(spec: JobSpec, data: ObjectStore, replica: dict[str, np.ndarray]) -
         return {}
     model = build_model(spec.model, manifest, spec.hyper, spec.seed)
     copy_replica(model, replica)
+    prime_for_scoring(data, manifest, model)
     return model.evaluate(PartCache(data, manifest, model, split="test", max_bytes=0).each())
 
 
@@ -82,12 +84,16 @@ def build_report(
 ) -> dict[str, Any]:
     """report.json from the supervisor's final state (see the README for every field)."""
     o = state.overheads
+    # Attempts at a round that were restarted (faults) ran, and were paid for, but their
+    # state was thrown away: their time joins the job's (on the host clock, which they ran on).
+    restarted_s = sum(float(f.get("attempt_seconds", 0.0)) for f in state.faults)
+    restarted_worker_s = sum(float(f.get("attempt_seconds", 0.0)) * int(f.get("workers", 0)) for f in state.faults)
     sync, firsts = sorted(o.sync_samples), sorted(o.sync_first)
     totals = state.totals.model_dump()
     sent_nnz, local_nnz = totals.pop("sent_nnz"), totals.pop("local_nnz")
     totals.update(
         {
-            "worker_seconds": round(state.worker_seconds, 3),
+            "worker_seconds": round(state.worker_seconds + restarted_worker_s, 3),
             "cpu_seconds": round(totals["cpu_seconds"], 3),
             "cpu_critical_seconds": round(totals["cpu_critical_seconds"], 3),
             "sent_fraction": sent_nnz / local_nnz if local_nnz else 0.0,
@@ -97,11 +103,11 @@ def build_report(
         }
     )
     history = state.history
+    wall = state.elapsed + (restarted_s if spec.clock.kind == "host" else 0.0)
     account = job_account(
-        state, wall_seconds=state.elapsed, worker_seconds=state.worker_seconds, rounds=state.round + 1
+        state, wall_seconds=wall, worker_seconds=state.worker_seconds + restarted_worker_s, rounds=state.round + 1
     )
     cost = meter_for(spec)(account)
-    wall = state.elapsed
     hit = state.stop.target_hit
     return {
         "status": state.stop.reason,
@@ -143,7 +149,8 @@ def build_report(
 def failure_report(spec: JobSpec, state: SupervisorState, error: str, *, failed_in_round: int) -> dict[str, Any]:
     """A ``failed`` report of a job as far as ``state`` got: the cause, steps, history."""
     report = build_report(spec, state, {}, 0.0)
-    report.update({"status": "failed", "error": error, "failed_in_round": failed_in_round})
+    # No model is written for a failed job: the report must not say there is one.
+    report.update({"status": "failed", "error": error, "failed_in_round": failed_in_round, "model": None})
     report.pop("finalize_seconds", None)
     return report
 
@@ -173,5 +180,7 @@ def finalize(
         report.update(
             {"model": "best", "best_step": meta["step"], "best_epoch": meta["epoch"], "best_val": meta["value"]}
         )
-    write_outputs(out, report, replica)
+    manifest = load_manifest(data, spec.data)
+    artifact = write_artifact(out, data, spec, manifest, report, replica)
+    write_outputs(out, report, replica, extra=artifact)
     return report, replica

@@ -14,19 +14,36 @@ from ebb.ports.keys import MODEL_KEY, PLOT_KEY, REPORT_KEY
 from ebb.ports.objects import ObjectStore
 
 
-def write_outputs(out: ObjectStore, report: dict[str, Any], replica: dict[str, np.ndarray] | None) -> dict[str, str]:
-    """Write report.json (always), model.npz and loss.png (when there is a model); returns
-    the keys written. The report goes last: a reader that finds it finds the rest."""
-    files = {}
+def write_outputs(
+    out: ObjectStore,
+    report: dict[str, Any],
+    replica: dict[str, np.ndarray] | None,
+    extra: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """Write model.npz (when there is a model), report.json (always), then loss.png (when
+    there is a history); returns the keys written (with ``extra``: keys written before, e.g.
+    the model artifact's). The model goes before the report, so a reader that finds the
+    report finds the model; the plot goes after it, so a plot that cannot be drawn costs
+    the plot only (``plot_error`` in the report says why)."""
+    files = dict(extra or {})
     if replica is not None:
         out.put(MODEL_KEY, encode_batch(replica))
         files["model"] = MODEL_KEY
-    if report.get("history"):
-        out.put(PLOT_KEY, plot_loss(report))
-        files["loss_plot"] = PLOT_KEY
     files["report"] = REPORT_KEY
     report["files"] = files
-    out.put(REPORT_KEY, json.dumps(report, indent=2, default=_jsonable).encode())
+
+    def put_report() -> None:
+        out.put(REPORT_KEY, json.dumps(report, indent=2, default=_jsonable).encode())
+
+    put_report()
+    if report.get("history"):
+        try:
+            out.put(PLOT_KEY, plot_loss(report))
+        except Exception as exc:  # matplotlib, a full disk: the report stands
+            report["plot_error"] = f"{type(exc).__name__}: {exc}"[:200]
+        else:
+            files["loss_plot"] = PLOT_KEY
+        put_report()
     return files
 
 

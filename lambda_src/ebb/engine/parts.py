@@ -79,3 +79,11 @@ class PartCache:
     def each(self) -> Iterator[Any]:
         """Every part of the split, in order (a held-out split, scored whole)."""
         return (self.get(i) for i in range(len(self.infos)))
+
+
+def prime_for_scoring(objects: ObjectStore, manifest: Manifest, model: Model) -> None:
+    """Give a model whose scoring depends on the training split (``needs_training_pass``)
+    its one pass over it, streamed part by part (nothing kept)."""
+    if model.needs_training_pass:
+        model.observe_training(PartCache(objects, manifest, model, split="train", max_bytes=0).each())
+        model.needs_training_pass = False

@@ -51,6 +51,13 @@ def preflight(spec: JobSpec, data: ObjectStore) -> Manifest:
             f"{where}: batch_size and dimensions must be positive (batch_size "
             f"{manifest.batch_size}, dimensions {dims}); prepare the dataset again"
         )
+    need_mb = worker_memory_mb(spec, manifest)
+    if need_mb > spec.aws.memory_mb:
+        raise PreflightError(
+            f"aws.memory_mb: a worker of this job needs about {need_mb:,} MB ({model_parameters(spec, manifest):,} "
+            f"parameters of dimensions {dims}, its optimiser and sync state, the part cache and the runtime), "
+            f"more than its {spec.aws.memory_mb:,} MB; prepare a smaller dataset or raise --memory-mb"
+        )
     for name, value in manifest.stats.items():
         if isinstance(value, (int, float)) and not math.isfinite(value):
             raise PreflightError(
@@ -81,6 +88,27 @@ def preflight(spec: JobSpec, data: ObjectStore) -> Manifest:
                 "the dataset was changed after `ebb prepare`: prepare it again"
             )
     return manifest
+
+
+# What a worker holds besides the model: Python, numpy and torch, measured at about this.
+RUNTIME_MB = 300
+
+
+def model_parameters(spec: JobSpec, manifest: Manifest) -> int:
+    """The model's parameter count: factors and biases (PMF), or weights and bias (LR)."""
+    if manifest.kind == "ratings":
+        rank = int(spec.hyper.rank or 0)
+        return (manifest.num_users + manifest.num_items) * (rank + 1) + 1
+    return manifest.num_features + 1
+
+
+def worker_memory_mb(spec: JobSpec, manifest: Manifest) -> int:
+    """A worker's memory, estimated from the manifest: float32 copies of the model (the
+    replica, two working buffers, the optimiser's state, ISP's accumulators), the part
+    cache and the runtime."""
+    copies = 3 + (2 if spec.hyper.optimizer == "adam" else 1) + (1 if spec.sync.mode == "isp" else 0)
+    model_bytes = 4 * copies * model_parameters(spec, manifest)
+    return RUNTIME_MB + (spec.aws.part_cache_bytes() + model_bytes) // (1 << 20)
 
 
 def check_outputs(spec: JobSpec, out: ObjectStore) -> None:

@@ -31,6 +31,7 @@ def policy_for(spec: JobSpec) -> ScalingPolicy:
             knee_min_drop=s.knee_min_drop,
             min_workers=s.min_workers,
             throughput_tolerance=s.throughput_tolerance,
+            **cost_guard_params(spec),
         )
     if s.policy == "schedule":
         return make_policy(
@@ -40,6 +41,22 @@ def policy_for(spec: JobSpec) -> ScalingPolicy:
             max_workers=max([spec.workers] + [e.workers for e in s.schedule]),
         )
     return make_policy("none")
+
+
+def cost_guard_params(spec: JobSpec) -> dict[str, float]:
+    """The auto-tuner's cost guard for ``spec``: $ per worker-second, $ per second of what
+    bills whatever the fleet (supervisor, cache nodes), and the epoch-per-P rule's exponent
+    (``ebb.autotune.tuner``, "Cost guard")."""
+    from ebb.cost.model import load_prices
+
+    prices, aws = load_prices(), spec.aws
+    gb_s = prices.lambda_usd_per_gb_second[aws.arch]
+    node = prices.cache_usd_per_node_hour.get(aws.cache_node_type, 0.0) * aws.cache_nodes / 3600.0
+    return {
+        "worker_usd_s": aws.memory_mb / 1024.0 * gb_s,
+        "fixed_usd_s": aws.supervisor_memory_mb / 1024.0 * gb_s + node,
+        "progress_exponent": 1.0 if spec.sync.combine == "sum" else 0.0,
+    }
 
 
 def autotune_summary(policy: ScalingPolicy) -> dict[str, Any] | None:

@@ -30,12 +30,27 @@ def improved(value: float, best: float | None, min_delta: float) -> bool:
     return best is None or value < best * (1 - min_delta)
 
 
-def take_val(stop: StopState, spec: JobSpec, value: float, step: int, epoch: float | None) -> None:
-    """A validation scoring: a new best, or one more scoring without one."""
+def take_val(
+    stop: StopState, spec: JobSpec, value: float, step: int, epoch: float | None, *, settling: bool = False
+) -> None:
+    """A validation scoring: a new best, or one more scoring without one — unless the
+    fleet is ``settling`` (a scale event since the previous scoring), when no better one
+    is not held against the job."""
     if improved(value, stop.best.value if stop.best else None, spec.stop.min_delta):
         stop.best = Best(value=value, step=step, epoch=epoch, since=0)
-    elif stop.best is not None:
+    elif stop.best is not None and not settling:
         stop.best.since += 1
+
+
+def settling(state: SupervisorState, step: int, split: str) -> bool:
+    """Whether a scale event took effect since the scoring before the one of ``step``: the
+    fleet re-settles after one (its replicas re-stripe, the loss bumps), and an eviction
+    that tripped early stopping there cost a job its target (issue 27)."""
+    events = [e.get("applied_at", e.get("step", -1)) for e in state.scale_events]
+    if not events:
+        return False
+    previous = next((k for k in range(min(step, len(state.history)) - 1, -1, -1) if split in state.history[k]), -1)
+    return any(previous < at <= step for at in events)
 
 
 def take_scoring(
@@ -48,7 +63,7 @@ def take_scoring(
     stop, value = state.stop, scoring.metrics[entry(spec.model).loss_name]
     early = record_scoring(state, scoring, value)
     if scoring.split == "val":
-        take_val(stop, spec, value, scoring.step, scoring.epoch)
+        take_val(stop, spec, value, scoring.step, scoring.epoch, settling=settling(state, scoring.step, "val"))
     target = spec.stop.target_val
     if target is not None and value <= target and stop.target_hit is None:
         at = state.history[scoring.step]["time"] if early is None else now

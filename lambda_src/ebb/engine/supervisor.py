@@ -37,6 +37,7 @@ from ebb.engine.clock import JobTime, wall
 from ebb.engine.errors import EngineError
 from ebb.engine.fleet_clock import WorkerStep
 from ebb.engine.inbox import Inbox
+from ebb.engine.pauses import PauseClock
 from ebb.engine.state import SupervisorState
 from ebb.models import loss_value
 from ebb.ports.keys import ABORT_BLOB, SUPERVISOR_SLOT
@@ -50,6 +51,9 @@ from ebb.ports.updates import UpdateStore
 from ebb.spec import JobSpec
 
 REPORT_POLL_S = 0.5
+
+
+LAST_WORD_S = 0.2  # how long to listen for a lost worker's last report before giving up on it
 
 
 class Supervisor:
@@ -102,6 +106,9 @@ class Supervisor:
         self._early: dict[int, tuple[str, float]] = {}  # scorings of steps not closed yet
         self._staged: dict[int, Directive] = {}  # released directives of steps not yet closed
         self._last_progress = 0.0  # round time of the last closed step: how long we have waited
+        # Heartbeats and waits are judged on our running time: after the whole job was
+        # suspended, nobody's heartbeat is stale for the time we were not looking.
+        self.pauses = PauseClock()
 
     def snapshot(self) -> SupervisorState:
         """The state as of now, with this round's time, money and measurements folded in."""
@@ -112,6 +119,7 @@ class Supervisor:
         """Run this round to its end: ``{"status": "finished" | "unfinished", ...}``."""
         if self.state.finished:
             raise EngineError(f"job {self.spec.name} has finished already (round {self.state.round})")
+        self.pauses.start()
         try:
             self._start_workers()
             while not self._round_over():
@@ -122,6 +130,8 @@ class Supervisor:
             with contextlib.suppress(Exception):
                 self.updates.put_blob(ABORT_BLOB, str(exc)[:500].encode())
             raise
+        finally:
+            self.pauses.stop()
         return self._save()
 
     def _poll(self) -> None:
@@ -144,7 +154,7 @@ class Supervisor:
             waiting = self.state.clock + 1
             if why := failures.overdue(
                 self.round,
-                self.time.host.round_elapsed(),
+                self._running(0.0),
                 self.round_seconds,
                 waiting,
                 self.inbox.missing(waiting, self.state.members),
@@ -184,7 +194,8 @@ class Supervisor:
         s = self.state
         if isinstance(r, EndReport):
             if r.outcome == "failed" and r.worker not in self.inbox.ended:
-                raise EngineError(f"worker {r.worker} failed after step {r.step}: {r.error}")
+                when = f"after step {r.step}" if r.step >= 0 else "before its first step"
+                raise EngineError(f"worker {r.worker} failed {when}: {r.error}")
             if self.inbox.take_end(r, at=self.time.elapsed()):  # (a step's reports count when it closes)
                 accounting.count_report(s.totals, s.timing, r, s.cpu_timing)
                 s.checkpoint_puts += 1 if r.checkpoint else 0
@@ -324,17 +335,22 @@ class Supervisor:
         missing = self.inbox.missing(waiting, s.members)
         if not missing:
             return
-        now = self.time.host.round_elapsed()
         lost = failures.lost_workers(
             missing,
             exited=self.launcher.exited(),
             faults=self.spec.faults,
-            round_elapsed=now,
-            stalled_s=now - self._last_progress,
+            round_elapsed=self.time.host.round_elapsed(),
+            stalled_s=self._running(self._last_progress),
             heartbeats=self.updates.heartbeats,
-            now=wall,
+            age=self.pauses.age,
         )
         if not lost:
+            return
+        if late := self.signals.next_reports(LAST_WORD_S):
+            # A worker that exited may have said why just before (a corrupt checkpoint at
+            # start-up): its report decides, not its exit code. Judge again at the next poll.
+            for r in late:
+                self._take(r)
             return
         failures.on_loss(
             lost,
@@ -357,6 +373,10 @@ class Supervisor:
             fleet=self.time.fleet,
         )
         self._release(waiting, s.members, directive)
+
+    def _running(self, since: float) -> float:
+        """Seconds of this round we ran since round time ``since`` (our pauses left out)."""
+        return self.pauses.age(self.time.host.round_started + since)
 
     # -- the end of the round --------------------------------------------------------
     def _save(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ Lambda invocation) resumes from it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -34,7 +35,8 @@ from ebb.engine.cadence import eval_interval, learning_rate
 from ebb.engine.clock import wall
 from ebb.engine.errors import CheckpointError, EngineError
 from ebb.engine.isp import SignificanceFilter
-from ebb.engine.parts import PartCache
+from ebb.engine.parts import PartCache, prime_for_scoring
+from ebb.engine.pauses import PauseClock
 from ebb.engine.replica import copy_replica, load_state_arrays, state_arrays
 from ebb.engine.stopping import improved
 from ebb.engine.striping import PartSequence, position_of
@@ -62,6 +64,30 @@ BLOB_WAIT_S = 120.0  # how long to wait for a peer's replica before calling the 
 DIRECTIVE_WAIT_S = 600.0  # a supervisor silent this long is gone
 WAIT_CHUNK_S = 1.0  # longest single blocking read: between them a worker notices it was cancelled
 HEARTBEAT_S = 1.0
+
+
+def start_worker(
+    spec: JobSpec,
+    start: WorkerStart,
+    *,
+    data: ObjectStore,
+    checkpoints: ObjectStore,
+    updates: UpdateStore,
+    signals: SignalChannel,
+    worker_cls: type[Worker] | None = None,
+) -> Worker:
+    """A worker, built; one that cannot start (a corrupt checkpoint, an unreadable dataset)
+    tells the supervisor why, in one line, before the error is raised: the job fails with
+    that message instead of losing the worker to an unexplained exit code."""
+    try:
+        return (worker_cls or Worker)(spec, start, data=data, checkpoints=checkpoints, updates=updates, signals=signals)
+    except Exception as exc:
+        error = " ".join(f"could not start: {type(exc).__name__}: {exc}".split())[:500]
+        with contextlib.suppress(Exception):  # the channel itself may be what failed
+            signals.report(
+                EndReport(worker=start.worker, step=start.step - 1, round=start.round, outcome="failed", error=error)
+            )
+        raise
 
 
 class Lost(Exception):
@@ -98,6 +124,9 @@ class Worker:
         self.row_mean = RowMean(self.model.params, combine, spec.sync.sum_cap)
         self.members, self.step, self.cursor = sorted(start.members), start.step, start.cursor
         self.base_lr = self.model.optimizer.lr
+        # A held-out scoring not reported yet: one made at a round's last step travels in the
+        # checkpoint, and goes with the next round's first report, as it would without the cut.
+        self._scoring: Scoring | None = None
         if start.resume:
             self._restore(start.resume)
         self.clock = self.step - 1  # every step before ours is cleared
@@ -113,11 +142,12 @@ class Worker:
         self.sync_overhead_s: float | None = None
         self._announce_s = 0.0
         self._next_members: list[int] | None = None
-        self._scoring: Scoring | None = None  # a held-out scoring not reported yet
         self._held_out: PartCache | None = None
         self._eval_every = eval_interval(spec, self.manifest)
         self._best: float | None = None
         self.cancelled = threading.Event()  # set by an in-process launcher tearing the job down
+        self.pauses = PauseClock()  # the supervisor's heartbeat is judged on our running time
+        self._round_started = wall()  # reset by run(): when this invocation began its round
         if start.donor_blob:
             self._adopt_replica(start.donor_blob)
 
@@ -136,6 +166,8 @@ class Worker:
             )
         load_state_arrays(self.model, self.filter, arrays)
         self.step, self.cursor, self.members = meta["step"], meta["cursor"], sorted(meta["members"])
+        if meta.get("scoring") is not None:
+            self._scoring = Scoring.model_validate(meta["scoring"])
 
     def _write_checkpoint(self, outcome: str) -> str:
         key = worker_key(self.round, self.me)
@@ -151,6 +183,7 @@ class Worker:
             "members": self.members,
             "applied_upto": self.applied_upto,
             "outcome": outcome,
+            "scoring": self._scoring.model_dump(mode="json") if self._scoring is not None else None,
         }
         checkpoint.write_worker(self.checkpoints, key, meta, arrays)
         return key
@@ -207,9 +240,11 @@ class Worker:
         """Train until the supervisor says stop (→ "stopped"), evicts us (→ "evicted") or
         ends the round (→ "unfinished", after writing the checkpoint). A failure is reported
         to the supervisor (its message, one line) before it is raised."""
+        self._round_started = wall()
         beating = threading.Event()
         beat = threading.Thread(target=self._heartbeat, args=(beating,), name=f"ebb-heartbeat-{self.me}", daemon=True)
         beat.start()
+        self.pauses.start()
         try:
             return self._run()
         except Lost:
@@ -222,6 +257,7 @@ class Worker:
             raise
         finally:
             beating.set()
+            self.pauses.stop()
             beat.join(timeout=5)  # not left running into interpreter shutdown
 
     def _heartbeat(self, stopped: threading.Event) -> None:
@@ -316,7 +352,7 @@ class Worker:
         # Under SSP directives pile up while we compute; under a barrier ours cannot be there yet.
         while self.slack and (d := self.signals.next_directive(self.me, 0)) is not None:
             self._receive(d)
-        started = time.monotonic()
+        started, since = time.monotonic(), wall()
         deadline = started + DIRECTIVE_WAIT_S
         while self.clock < need:
             d = self.signals.next_directive(self.me, min(WAIT_CHUNK_S, max(0.001, deadline - time.monotonic())))
@@ -324,8 +360,8 @@ class Worker:
                 self._receive(d)
             elif self.cancelled.is_set():
                 raise EngineError(f"worker {self.me}: cancelled")
-            elif time.monotonic() - started > self.spec.faults.worker_timeout_s:
-                self._check_still_wanted(need, time.monotonic() - started)
+            elif self.pauses.age(since) > self.spec.faults.worker_timeout_s:
+                self._check_still_wanted(need)
             elif time.monotonic() > deadline:
                 raise EngineError(
                     f"worker {self.me}: no word from the supervisor for {DIRECTIVE_WAIT_S:.0f} s "
@@ -333,16 +369,24 @@ class Worker:
                 )
         self.timer.lap("wait")
 
-    def _check_still_wanted(self, need: int, waited: float) -> None:
-        """After a long wait: leave if the supervisor gave up on us, fail if it went silent."""
+    def _check_still_wanted(self, need: int) -> None:
+        """After a long wait: leave if the supervisor gave up on us, fail if it went silent
+        for longer than its deadline (``faults.supervisor_timeout_s``; time we were paused
+        ourselves does not count: ``ebb.engine.pauses``)."""
         if self.updates.get_blob(lost_blob(self.me)) is not None:
             raise Lost()
         if (why := self.updates.get_blob(ABORT_BLOB)) is not None:
             raise EngineError(f"worker {self.me}: the supervisor gave the round up ({why.decode(errors='replace')})")
         faults = self.spec.faults
         beat = self.updates.heartbeats([SUPERVISOR_SLOT]).get(SUPERVISOR_SLOT)
-        silent = waited if beat is None else wall() - beat
-        if silent > (faults.worker_timeout_s if beat is not None else faults.startup_timeout_s):
+        # A beat from before this round began is the previous round's supervisor: this round's
+        # may still be starting (a cold start), so it gets the start-up allowance, not the beat's.
+        if beat is None or beat < self._round_started:
+            silent = self.pauses.age(self._round_started)
+            allowed = max(faults.startup_timeout_s, faults.supervisor_timeout_s)
+        else:
+            silent, allowed = self.pauses.age(beat), faults.supervisor_timeout_s
+        if silent > allowed:
             raise EngineError(
                 f"worker {self.me}: the supervisor went silent (nothing for {silent:.0f} s) while "
                 f"this worker waited for step {need}'s directive"
@@ -400,6 +444,7 @@ class Worker:
             self._held_out = PartCache(
                 self.data, self.manifest, self.model, split=split, max_bytes=self.spec.aws.part_cache_bytes()
             )
+            prime_for_scoring(self.data, self.manifest, self.model)
         metrics = self.model.evaluate(self._held_out.each())
         epoch = (self.cursor + len(self.members)) / self.sequence.num_parts
         if split == "val":

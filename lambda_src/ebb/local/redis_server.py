@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from urllib.parse import quote
 
 import redis
 
@@ -82,12 +83,16 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The server's URL, with its password when it has one (print ``redact(url)``)."""
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         self.proc = subprocess.Popen(
             [
                 redis_binary(),
+                # A password is read from stdin: a command line is anyone's to read (ps).
+                *(["-"] if self.password else []),
                 "--port",
                 str(self.port),
                 "--bind",
@@ -104,14 +109,21 @@ class RedisServer:
                 "yes",
                 "--loglevel",
                 "warning",
-                *(["--requirepass", self.password] if self.password else []),
             ],
+            stdin=subprocess.PIPE if self.password else subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             # Its own session: a terminal's Ctrl-C must not stop it before the workers are stopped.
             start_new_session=True,
             preexec_fn=die_with_parent,
         )
+        if self.proc.stdin is not None and self.password:
+            quoted = self.password.replace("\\", "\\\\").replace('"', '\\"')
+            try:
+                self.proc.stdin.write(f'requirepass "{quoted}"\n'.encode())
+                self.proc.stdin.close()
+            except BrokenPipeError:  # it exited at once: wait_until_ready says why
+                pass
         client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password)
         try:
             wait_until_ready(self.proc, client, timeout, f"on port {self.port}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import secrets
 import signal
 import threading
 import time
@@ -32,18 +33,18 @@ from ebb.engine.errors import EngineError, RoundLost
 from ebb.engine.finalize import finalize
 from ebb.engine.preflight import check_outputs, preflight
 from ebb.engine.supervisor import Supervisor
-from ebb.engine.worker import Worker
+from ebb.engine.worker import Worker, start_worker
 from ebb.local.redis_server import RedisServer, die_with_parent
-from ebb.ports.keys import LATEST_KEY, SPEC_KEY
+from ebb.ports.keys import SPEC_KEY
 from ebb.ports.launcher import WorkerStart
 from ebb.ports.metrics import MetricsSink
-from ebb.ports.objects import ObjectStore
+from ebb.ports.objects import ObjectStore, is_s3
 from ebb.ports.signals import SignalChannel
 from ebb.ports.updates import UpdateStore
 from ebb.spec import JobSpec
 from ebb.stores import join_location, open_object_store
 from ebb.stores.memory import MemorySignalChannel, MemoryUpdateStore
-from ebb.stores.redis_store import RedisSignalChannel, RedisUpdateStore
+from ebb.stores.redis_store import RedisSignalChannel, RedisUpdateStore, connect, redact
 
 WORKER_NICENESS = 5  # the supervisor and redis-server sit on every step's critical path
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
@@ -80,7 +81,7 @@ def _worker_process(
     # More workers than cores is the norm locally: let the barrier's other parties run first.
     os.nice(WORKER_NICENESS)
     try:
-        Worker(
+        start_worker(
             spec,
             start,
             data=open_object_store(spec.data),
@@ -88,8 +89,9 @@ def _worker_process(
             updates=RedisUpdateStore(urls, job),
             signals=RedisSignalChannel(urls[0], job, start.round),
         ).run()
-    except Exception:  # already reported to the supervisor, in one line; the traceback is for the log
-        traceback.print_exc()
+    except Exception:  # already reported to the supervisor, in one line; the traceback is for debugging
+        if os.environ.get("EBB_DEBUG", "") not in ("", "0"):
+            traceback.print_exc()
         raise SystemExit(1) from None
 
 
@@ -173,13 +175,14 @@ class ThreadLauncher:
     def launch(self, start: WorkerStart) -> None:
         def body():
             try:
-                worker = self.worker_cls(
+                worker = start_worker(
                     self.spec,
                     start,
                     data=self.data,
                     checkpoints=self.checkpoints,
                     updates=self.updates,
                     signals=self.signals,
+                    worker_cls=self.worker_cls,
                 )
                 self.workers[start.worker] = worker
                 worker.run()
@@ -229,6 +232,11 @@ class _StopSignals:
             signal.signal(signum, handler)
 
     def _handle(self, signum, frame):
+        if self.received is not None:
+            # A second Ctrl-C while the first unwinds would cut the clean-up short (a child
+            # left running, a report half written); the first is already on its way, and
+            # ``pending()`` hands it on again should it have been lost.
+            return
         self.received = Terminated("terminated (SIGTERM)") if signum == signal.SIGTERM else KeyboardInterrupt()
         raise self.pending()
 
@@ -258,8 +266,11 @@ class _Backend:
 
     def _redis(self) -> UpdateStore:
         if not self.spec.redis_urls:
-            self.server = self.stack.enter_context(RedisServer())
+            self.server = self.stack.enter_context(_private_server())
             self.urls = [self.server.url]
+        else:  # one that never answers fails here, within silent_server_bound_s, in one line
+            for url in self.urls:
+                _check_answers(url)
         updates = RedisUpdateStore(self.urls, self.job)
         self.stack.callback(updates.clear)
         return updates
@@ -270,14 +281,14 @@ class _Backend:
         how = "its workers start again"
         if store_lost and self.server is not None and not self.server.answers():
             self.server.stop()  # dead, or dying (a SIGKILL is not reaped at once): never read again
-            self.server = self.stack.enter_context(RedisServer())
+            self.server = self.stack.enter_context(_private_server())
             self.urls = [self.server.url]
-            how = f"the job's redis-server had died: a new one runs on {self.server.url}"
+            how = f"the job's redis-server had died: a new one runs on {redact(self.server.url)}"
         elif store_lost:
             deadline, delay = time.monotonic() + STORE_RECONNECT_S, 0.1
             while True:
                 try:
-                    redis.Redis.from_url(self.urls[0], socket_timeout=5).ping()
+                    connect(self.urls[0]).ping()
                     break
                 except redis.RedisError:
                     if time.monotonic() > deadline:
@@ -300,6 +311,24 @@ class _Backend:
 STORE_RECONNECT_S = 30.0  # how long an external update store may take to come back
 
 
+def _private_server() -> RedisServer:
+    """The job's own redis-server, with a random password: another local user can reach a
+    loopback port, not the job's state. The password travels inside the URL the workers are
+    handed (never printed: ``redact``)."""
+    return RedisServer(password=secrets.token_urlsafe(24))
+
+
+def _check_answers(url: str) -> None:
+    """One PING to a server the spec names: a refusal or silence is one line, before any work."""
+    client = connect(url)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise EngineError(f"the update store {redact(url)} does not answer ({type(exc).__name__}: {exc})") from None
+    finally:
+        client.close()
+
+
 def run_local(
     spec: JobSpec,
     sink: MetricsSink | None = None,
@@ -311,6 +340,7 @@ def run_local(
     signals: SignalChannel | Callable[[int], SignalChannel] | None = None,
     measure_of: Callable | None = None,
     child_setup: Callable[[int], None] | None = None,
+    pause_after: Callable[[dict], bool] | None = None,
 ) -> tuple[dict, dict[str, np.ndarray]]:
     """Run ``spec`` to completion here, round by round; returns (report, merged model).
 
@@ -323,7 +353,10 @@ def run_local(
     every round, or ``signals(round)`` making each round's); ``measure_of(report)`` replaces
     what the fleet clock reads of a step (a ``WorkerStep``: replayed times, for reproducible runs).
     ``child_setup(worker_id)`` runs first in every worker process (``ProcessLauncher``; not
-    with in-process workers).
+    with in-process workers). ``pause_after(result)``, asked after each unfinished round
+    (``result``: the supervisor's ``{"steps", "round", ...}``), ends the call there when it says
+    so: nothing is finalized and ``({"status": "paused", **result}, {})`` is returned; a later
+    ``resume=True`` call continues from that round (``ebb tune`` promotes trials this way).
     """
     data = open_object_store(spec.data)
     out = open_object_store(spec.out_location)
@@ -367,6 +400,7 @@ def run_local(
                     )
                 else:
                     launcher = ProcessLauncher(spec, backend.urls, backend.job, child_setup)
+                attempt_started = time.monotonic()
                 try:
                     supervisor = Supervisor(
                         spec,
@@ -393,6 +427,8 @@ def run_local(
                             f"{reason}; rounds were restarted {spec.faults.max_restarts} times "
                             "already (faults.max_restarts)"
                         ) from None
+                    attempt_s = time.monotonic() - attempt_started  # paid for, then thrown away
+                    members = len(supervisor.state.members) if supervisor is not None else spec.workers
                     how = backend.renew(restarts, store_lost)
                     faults = faults + [
                         {
@@ -400,6 +436,8 @@ def run_local(
                             "restart": restarts,
                             "reason": reason,
                             "recovery": f"{how}; the round ran again from its checkpoints",
+                            "attempt_seconds": round(attempt_s, 3),
+                            "workers": members,
                         }
                     ]
                     continue
@@ -408,6 +446,8 @@ def run_local(
                 faults = []
                 finished = result["status"] == "finished"
                 round_ += 1
+                if not finished and pause_after is not None and pause_after(result):
+                    return {**result, "status": "paused"}, {}
     except (Exception, KeyboardInterrupt) as exc:
         message = str(exc) or "interrupted (Ctrl-C)"
         if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
@@ -422,16 +462,14 @@ def run_local(
 
 def _first_round(spec: JobSpec, checkpoints: ObjectStore, resume: bool) -> int:
     """The round to run first: after the last complete one when resuming, else 0 (and the
-    checkpoints of an earlier run in the same place are cleared)."""
+    checkpoints of an earlier run in the same place are cleared). A job resumed before its
+    first round completed starts from the beginning: nothing of it was kept."""
     done = checkpoint.latest(checkpoints)
-    if resume:
-        if done is None:
-            raise EngineError(
-                "nothing to resume: no round of this job was completed "
-                f"(no {LATEST_KEY} in {checkpoints_location(spec)})"
-            )
+    if resume and done is not None:
         return done["round"] + 1
     for key in checkpoints.list():
         checkpoints.delete(key)
-    checkpoints.put(SPEC_KEY, spec.model_dump_json(indent=2).encode())
+    # The dataset by its absolute path: `ebb train --resume OUT` works from any directory.
+    stored = spec if is_s3(spec.data) else spec.model_copy(update={"data": os.path.abspath(spec.data)})
+    checkpoints.put(SPEC_KEY, stored.model_dump_json(indent=2).encode())
     return 0

@@ -1,11 +1,36 @@
-"""Models (PMF, sparse LR, dense LR), their lazy row-sparse optimisers and metrics."""
+"""Models (PMF, sparse LR, dense LR), their lazy row-sparse optimisers and metrics.
+
+The torch models load on first use (PEP 562 ``__getattr__``), so the numpy-only modules
+here (``metrics``, ``scoring``) import without torch: ``ebb.load_model`` and ``ebb
+predict`` score with them in programs that never import torch.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ebb.catalogue import entry
-from ebb.models.base import Model, loss_value
-from ebb.models.logistic import DenseLR, SparseLR
-from ebb.models.pmf import PMF
+
+if TYPE_CHECKING:
+    from ebb.models.base import Model, loss_value
+    from ebb.models.logistic import DenseLR, SparseLR
+    from ebb.models.pmf import PMF
+
+_LAZY = {
+    "Model": "ebb.models.base",
+    "loss_value": "ebb.models.base",
+    "PMF": "ebb.models.pmf",
+    "SparseLR": "ebb.models.logistic",
+    "DenseLR": "ebb.models.logistic",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ebb.models' has no attribute {name!r}")
 
 
 def rating_range(manifest) -> tuple[float, float] | None:
@@ -21,6 +46,8 @@ def build_model(name: str, manifest, hp, seed: int) -> Model:
     if manifest.kind != expected:
         raise ValueError(f"model {name!r} needs a {expected} dataset, but {manifest.format!r} data is {manifest.kind}")
     if name == "pmf":
+        from ebb.models.pmf import PMF
+
         return PMF(
             manifest.num_users,
             manifest.num_items,
@@ -33,9 +60,12 @@ def build_model(name: str, manifest, hp, seed: int) -> Model:
             seed=seed,
             rating_range=rating_range(manifest),
             optimizer=hp.optimizer or "sgd_momentum",
+            cold_k=int(hp.cold_k or 0),
         )
+    from ebb.models.logistic import DenseLR, SparseLR
+
     cls = SparseLR if name == "sparse_lr" else DenseLR
     return cls(manifest.num_features, lr=hp.lr, l2=hp.l2, seed=seed)
 
 
-__all__ = ["Model", "PMF", "SparseLR", "DenseLR", "build_model", "loss_value"]
+__all__ = ["Model", "PMF", "SparseLR", "DenseLR", "build_model", "loss_value", "rating_range"]

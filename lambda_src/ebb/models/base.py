@@ -61,6 +61,14 @@ class Model(ABC):
     def apply(self, update: RowUpdate, scale: float = 1.0) -> None:
         apply_update(self.params, update, scale)
 
+    # Whether scoring needs one pass over the training split first (see ``observe_training``).
+    needs_training_pass: bool = False
+
+    def observe_training(self, batches: Iterable[Any]) -> None:
+        """Learn what held-out scoring needs from the training split (PMF: how often each
+        user and item was seen). Called once before scoring when ``needs_training_pass``."""
+        del batches  # the default model needs nothing from it
+
     def evaluate(self, batches: Iterable[Any]) -> dict[str, float]:
         preds, targets = zip(*(self.predict(b) for b in batches))
         return self.metrics(np.concatenate(preds), np.concatenate(targets))

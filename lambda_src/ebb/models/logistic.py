@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ebb.catalogue import entry
-from ebb.models import compiled
+from ebb.models import compiled, scoring
 from ebb.models.base import Model
 from ebb.models.metrics import classification_metrics
 from ebb.models.optim import SparseAdam
@@ -93,7 +93,14 @@ class SparseLR(_Logistic):
         return self._grads(self._logits(b), b.label, b.features, feature_grad)
 
     def predict(self, b: SparseBatch):
-        return torch.sigmoid(self._logits(b)).numpy(), b.label.numpy()
+        """Scored as ``ebb predict`` scores (``ebb.models.scoring``), so the two agree exactly."""
+        indices = b.features.numpy()[b.feature_of.numpy()]
+        indptr = np.zeros(b.label.numel() + 1, dtype=np.int64)
+        np.cumsum(np.bincount(b.sample_of.numpy(), minlength=b.label.numel()), out=indptr[1:])
+        logits = scoring.sparse_logits(
+            self.params["weight"].numpy(), float(self.params["bias"][0, 0]), indptr, indices, b.values.numpy()
+        )
+        return scoring.sigmoid(logits), b.label.numpy()
 
 
 class DenseLR(_Logistic):
@@ -115,4 +122,5 @@ class DenseLR(_Logistic):
         return self._grads(self._logits(b), b.label, self._all_rows, lambda g: (b.x.T @ g).unsqueeze(1))
 
     def predict(self, b: DenseBatch):
-        return torch.sigmoid(self._logits(b)).numpy(), b.label.numpy()
+        logits = scoring.dense_logits(self.params["weight"].numpy(), float(self.params["bias"][0, 0]), b.x.numpy())
+        return scoring.sigmoid(logits), b.label.numpy()

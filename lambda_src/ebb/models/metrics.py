@@ -5,13 +5,19 @@ from __future__ import annotations
 import numpy as np
 
 
+def _mean(values: np.ndarray) -> float:
+    """The mean of ``values`` summed in sorted order: the same number whatever order the
+    rows came in (a test split's shuffled parts, or the raw file ``ebb predict`` scores)."""
+    return float(np.sort(values).sum() / max(len(values), 1))
+
+
 def rmse(pred: np.ndarray, target: np.ndarray) -> float:
-    return float(np.sqrt(np.mean((pred.astype(np.float64) - target) ** 2)))
+    return float(np.sqrt(_mean((pred.astype(np.float64) - target) ** 2)))
 
 
 def logloss(prob: np.ndarray, label: np.ndarray, eps: float = 1e-7) -> float:
     p = np.clip(prob.astype(np.float64), eps, 1 - eps)
-    return float(-np.mean(label * np.log(p) + (1 - label) * np.log1p(-p)))
+    return -_mean(label * np.log(p) + (1 - label) * np.log1p(-p))
 
 
 def accuracy(prob: np.ndarray, label: np.ndarray) -> float:

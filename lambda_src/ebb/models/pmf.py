@@ -19,6 +19,13 @@ The optimiser (``optimizer``) is ``sgd_momentum`` (per-row Nesterov momentum buf
 ``ebb.models.optim.SparseAdam``). Both keep their state per row, advance it only for
 the rows a minibatch touched, and checkpoint it with the replica.
 
+Cold users and items (``cold_k``): a held-out rating whose user or item had at most
+``cold_k`` training ratings is predicted from ``μ + b_u + b_i`` alone. A factor row
+trained on one or two ratings is mostly its random initialisation and the noise of
+those ratings; the biases are the part a few ratings do estimate. Training is unchanged;
+scoring needs the training counts, so the engine first passes the training split
+through ``observe_training`` (once per model).
+
 Scored predictions (``predict``) are clipped to the rating range when one is given: a
 rating scale's bounds are known, and a prediction beyond them is wrong by at least
 the excess. Training sees the unclipped prediction, whose gradient is defined everywhere.
@@ -32,7 +39,7 @@ import numpy as np
 import torch
 
 from ebb.catalogue import entry
-from ebb.models import compiled
+from ebb.models import compiled, scoring
 from ebb.models.base import Model
 from ebb.models.metrics import rmse
 from ebb.models.optim import SparseAdam, SparseSGD
@@ -69,6 +76,7 @@ class PMF(Model):
         seed: int,
         rating_range: tuple[float, float] | None = None,
         optimizer: str = "sgd_momentum",
+        cold_k: int = 0,
     ):
         gen = torch.Generator().manual_seed(seed)
         user, item = torch.zeros(num_users, rank + 1), torch.zeros(num_items, rank + 1)  # biases start at 0
@@ -77,6 +85,9 @@ class PMF(Model):
         self.params = {"user": user, "item": item}
         self.rank, self.l2, self.mu = rank, l2, global_mean
         self.rating_range = rating_range  # (lowest, highest) rating: where scored predictions are clipped
+        self.cold_k = cold_k
+        self.needs_training_pass = cold_k > 0
+        self._cold: tuple[torch.Tensor, torch.Tensor] | None = None  # per user, per item: seen ≤ cold_k times
         if optimizer == "adam":
             self.optimizer = SparseAdam(self.params, lr=lr, row_steps=True)
         elif optimizer == "sgd_momentum":
@@ -125,11 +136,33 @@ class PMF(Model):
         g_item = torch.zeros_like(V).index_add_(0, b.item_of, dv).div_(b.item_count).add_(V, alpha=lam)
         return loss_sum, int(err.numel()), {"user": (b.users, g_user, U), "item": (b.items, g_item, V)}
 
+    def observe_training(self, batches) -> None:
+        """Count each user's and item's training ratings; mark those seen ≤ ``cold_k`` times."""
+        users = torch.zeros(self.params["user"].shape[0], dtype=torch.int64)
+        items = torch.zeros(self.params["item"].shape[0], dtype=torch.int64)
+        for b in batches:
+            users.index_add_(0, b.users, b.user_count[:, 0].long())
+            items.index_add_(0, b.items, b.item_count[:, 0].long())
+        self._cold = (users <= self.cold_k, items <= self.cold_k)
+
     def predict(self, b: RatingsBatch):
-        *_, pred = self._forward(b)
-        if self.rating_range is not None:
-            pred = pred.clamp_(*self.rating_range)
-        return pred.numpy(), b.rating.numpy()
+        """Scored as ``ebb predict`` scores (``ebb.models.scoring``), so the two agree exactly
+        (with ``cold_k`` on, held-out scoring also drops the factors of cold users and items)."""
+        users, items = b.users.numpy()[b.user_of.numpy()], b.items.numpy()[b.item_of.numpy()]
+        cold = None
+        if self._cold is not None:
+            cold = self._cold[0].numpy()[users] | self._cold[1].numpy()[items]
+        pred = scoring.pmf_pairs(
+            self.params["user"].numpy(),
+            self.params["item"].numpy(),
+            users,
+            items,
+            rank=self.rank,
+            mean=self.mu,
+            rating_range=self.rating_range,
+            cold=cold,
+        )
+        return pred, b.rating.numpy()
 
     def metrics(self, pred, target):
         return {"rmse": rmse(pred, target)}

@@ -18,6 +18,7 @@ RAW = "raw/"  # raw input files for Prepare: the user, `ebb submit`
 JOBS = "jobs/"  # per job: the normalised spec, its outputs, progress and abort marker
 CHECKPOINTS = "checkpoints/"  # per job: each round's checkpoints (expired by a lifecycle rule)
 SCRATCH = "scratch/"  # per job: signal payloads sent by pointer (expired by a lifecycle rule)
+PREDICTIONS = "predictions/"  # per predict run: its shards and manifest (`ebb predict --stack`)
 
 SPEC_FILE = "spec.json"
 ABORT_FILE = "abort.json"  # the abort marker: the job has failed or was stopped
@@ -55,6 +56,7 @@ PUT = MappingProxyType(
         "finalize": (f"{JOBS}*",),  # report.json, model.npz, loss.png, progress.json under `out`
         "validate": (f"{JOBS}*/{SPEC_FILE}",),
         "on_failure": (f"{JOBS}*",),  # the failed report.json, progress.json, the abort marker
+        "predict": (f"{PREDICTIONS}*",),  # a predict run's shards and manifest
     }
 )
 DELETE = MappingProxyType(
@@ -142,9 +144,21 @@ ROUND_EVENTS = 24
 EVENTS_PER_INLINE_WORKER = 8
 JOB_EVENTS = 40  # Validate, Prepare, Finalize or OnFailure, and the execution's own
 
+# -- the Predict state machine (`ebb predict --stack`; docs/AWS.md "Predicting") ------------
+PLAN_STATE, SHARDS_STATE, SHARD_STATE, MANIFEST_STATE = "Plan", "Shards", "ScoreShard", "WriteManifest"
+PREDICT_DIMENSION = "PredictRun"
+PREDICT_METRICS = ("RowsScored", "RowsSkipped", "ShardSeconds")
+
+
+def predict_prefix(run: str) -> str:
+    """Where a predict run's shards and manifest go."""
+    return f"{PREDICTIONS}{run}"
+
+
 # -- stack outputs (read by `ebb submit`, `ebb watch`, `ebb report`) -------------------------
 STATE_MACHINE_OUTPUT = "StateMachineArn"
 BUCKET_OUTPUT = "DataBucketName"
 EVENTS_TOPIC_OUTPUT = "EventsTopicArn"
 DASHBOARD_NAME_OUTPUT = "DashboardName"
 DASHBOARD_URL_OUTPUT = "DashboardUrl"
+PREDICT_STATE_MACHINE_OUTPUT = "PredictStateMachineArn"  # read by `ebb predict --stack`

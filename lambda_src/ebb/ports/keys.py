@@ -65,8 +65,14 @@ def part_key(split: str, index: int) -> str:
 
 
 # -- a job's outputs ------------------------------------------------------------------
-REPORT_KEY = "report.json"  # written last: a reader that finds it finds the rest
+REPORT_KEY = "report.json"  # after the model, before the plot: it lists only what is written
 MODEL_KEY = "model.npz"
 PLOT_KEY = "loss.png"
 PROGRESS_KEY = "progress.json"  # a running job's latest step (ebb watch)
-OUTPUT_KEYS = (REPORT_KEY, MODEL_KEY, PLOT_KEY, PROGRESS_KEY)
+LOCK_KEY = "lock.json"  # the job that owns the folder now (pid, host): created only if absent
+
+# -- the model artifact (beside model.npz; ebb.engine.artifact writes it, ebb.predict reads it)
+MODEL_META_KEY = "model.json"  # what the model is and how to score a raw row with it
+ID_MAP_COPY_KEY = "id_map.npz"  # MovieLens: the dataset's id maps, copied beside the model
+SEEN_KEY = "seen.npz"  # MovieLens: each user's rated items (train + val), CSR over users
+OUTPUT_KEYS = (REPORT_KEY, MODEL_KEY, PLOT_KEY, PROGRESS_KEY, MODEL_META_KEY, ID_MAP_COPY_KEY, SEEN_KEY)

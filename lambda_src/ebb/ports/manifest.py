@@ -8,7 +8,7 @@ format, kind, counts, dimensions, batch size, and a sha256 for every part of eve
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from ebb.ports.keys import MANIFEST_KEY
@@ -76,12 +76,55 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
+        """The manifest in ``text``; a ``ValueError`` naming the first field of the wrong
+        shape or type (``num_users: "500"`` is not a number of users)."""
         raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError(f"expected an object, found {type(raw).__name__}")
+        for name in ("format", "kind", "batch_size", "seed", "train", "test"):
+            if name not in raw:
+                raise ValueError(f"{name!r} is missing")
+        known = {f.name for f in fields(cls)}
+        if unknown := sorted(set(raw) - known):
+            raise ValueError(f"unknown field {unknown[0]!r}")
+        for name, kind in _FIELD_TYPES.items():
+            if name in raw:
+                _check(raw[name], kind, name)
         for split in SPLITS:
             if split in raw:  # no "val" in manifests written before it existed
                 s = raw[split]
-                raw[split] = SplitInfo(rows=s["rows"], parts=[PartInfo(**p) for p in s["parts"]])
+                _check(s, dict, split)
+                _check(s.get("rows"), int, f"{split}.rows")
+                _check(s.get("parts"), list, f"{split}.parts")
+                parts = []
+                for i, p in enumerate(s["parts"]):
+                    at = f"{split}.parts[{i}]"
+                    _check(p, dict, at)
+                    for name, kind in (("key", str), ("rows", int), ("sha256", str)):
+                        _check(p.get(name), kind, f"{at}.{name}")
+                    parts.append(PartInfo(key=p["key"], rows=p["rows"], sha256=p["sha256"]))
+                raw[split] = SplitInfo(rows=s["rows"], parts=parts)
         return cls(**raw)
+
+
+_FIELD_TYPES: dict[str, type] = {
+    "format": str,
+    "kind": str,
+    "batch_size": int,
+    "seed": int,
+    "num_users": int,
+    "num_items": int,
+    "num_features": int,
+    "stats": dict,
+    "source": dict,
+    "version": int,
+}
+
+
+def _check(value: Any, kind: type, where: str) -> None:
+    """``value`` is a ``kind`` (an int is never a bool, and never a string of digits)."""
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"{where}: expected {kind.__name__}, found {json.dumps(value)[:40]}")
 
 
 def load_manifest(store: ObjectStore, where: str = "the dataset") -> Manifest:
@@ -94,5 +137,5 @@ def load_manifest(store: ObjectStore, where: str = "the dataset") -> Manifest:
         return Manifest.from_json(raw.decode())
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise ManifestError(
-            f"{where}/{MANIFEST_KEY} is corrupt ({type(exc).__name__}: {exc}); prepare the dataset again"
+            f"{where}/{MANIFEST_KEY} is corrupt ({type(exc).__name__}: {str(exc)[:200]}); prepare the dataset again"
         ) from None

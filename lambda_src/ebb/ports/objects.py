@@ -35,7 +35,16 @@ class ObjectStore(Protocol):
 
     def put(self, key: str, data: bytes) -> None: ...
 
+    def put_new(self, key: str, data: bytes) -> bool:
+        """Store ``data`` under ``key`` only if no object is there (atomically: of two
+        writers, one wins); returns whether this call created it."""
+        ...
+
     def exists(self, key: str) -> bool: ...
+
+    def locate(self, key: str) -> str:
+        """Where ``key`` is, for messages: a path, or an ``s3://`` URL."""
+        ...
 
     def list(self, prefix: str = "") -> list[str]: ...
 

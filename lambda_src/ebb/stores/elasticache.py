@@ -36,11 +36,11 @@ from redis.cluster import ClusterNode, RedisCluster
 
 from ebb.ports.deployment import REDIS_CLUSTER_ENV, REDIS_SECRET_ENV, REDIS_URLS_ENV
 from ebb.stores.redis_store import (
-    CONNECTION_OPTIONS,
     UPDATE_TTL_S,
     RedisSignalChannel,
     RedisUpdateStore,
     connect,
+    connection_options,
     job_prefix,
 )
 
@@ -170,7 +170,9 @@ def cluster_client(
     tls = parts[0].scheme == "rediss"
     if any((p.scheme == "rediss") != tls for p in parts):
         raise ValueError("EBB_REDIS_URLS mixes redis:// and rediss://: a cluster is all TLS or none")
-    options = dict(CONNECTION_OPTIONS)
+    options = connection_options()
+    # The cluster client keeps its own retries (they cover MOVED and a cluster that is down).
+    del options["retry"]
     if credentials is not None:
         options["credential_provider"] = credentials
     if tls:

@@ -30,8 +30,34 @@ class FolderObjectStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Write then rename, so a reader never sees a half-written object.
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except BaseException as exc:
+            tmp.unlink(missing_ok=True)  # a full disk, Ctrl-C: no partial file is left behind
+            if isinstance(exc, OSError):
+                raise _named(exc, path) from None
+            raise
+
+    def put_new(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Written whole under a private name, then hard-linked: link(2) fails if the name
+        # exists, so of two writers one wins, and a reader never sees a half-written object.
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        try:
+            tmp.write_bytes(data)
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise _named(exc, path) from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True
+
+    def locate(self, key: str) -> str:
+        return str(self.root / key)
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
@@ -66,12 +92,19 @@ class FolderObjectStore:
         _copy_then_rename(source, Path(path))
 
 
+def _named(exc: OSError, path: Path) -> OSError:
+    """``exc`` as an error naming the object it was writing (a bare ENOSPC names nothing)."""
+    return type(exc)(exc.errno, f"cannot write {path}: {exc.strerror or exc}")
+
+
 def _copy_then_rename(source: Path, target: Path) -> None:
     """Copy so that ``target`` appears only complete; no partial file is left on error."""
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     try:
         shutil.copyfile(source, tmp)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
+            raise _named(exc, target) from None
         raise

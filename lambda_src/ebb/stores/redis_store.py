@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
 
 from ebb.ports.messages import Directive, EndReport, StepReport, decode_directive, decode_report, encode
 
@@ -26,20 +29,59 @@ UPDATE_TTL_S = 3600
 # deadlines. The socket must outlast it: redis-py 8's default 5 s socket timeout would
 # otherwise cut every longer wait short with a TimeoutError.
 BLOCK_CHUNK_S = 5.0
-SOCKET_TIMEOUT_S = BLOCK_CHUNK_S + 25.0
+SOCKET_MARGIN_S = 5.0  # past a blocking read's own timeout, how long a reply may take
+SOCKET_CONNECT_TIMEOUT_S = 5.0
+# A command that fails (a dropped connection, a server restarted, a timeout) is tried once
+# more on a new connection, not 3 times as redis-py 8 does (129 s on a silent server). Once:
+# a process stopped or suspended past its socket timeout wakes with that timeout fired before
+# the server (paused too) could answer, and the second try finds the answer.
+CONNECTION_RETRIES = 1
+_BACKOFF_CAP_S = 0.5
 
 
-CONNECTION_OPTIONS = {
-    "socket_keepalive": True,
-    "health_check_interval": 30,
-    "socket_timeout": SOCKET_TIMEOUT_S,
-    "socket_connect_timeout": 10,
-}
+def socket_timeout_s() -> float:
+    return BLOCK_CHUNK_S + SOCKET_MARGIN_S
+
+
+def silent_server_bound_s() -> float:
+    """Longest one Redis command waits on a server that never answers (docs/RELIABILITY.md,
+    "Bounds"): each of its tries connects (redis-py tries a socket connect as often again) and
+    reads once; backoff between them. A server that accepts and stays silent costs the reads
+    alone; one that takes no connection, the connects alone; this bound holds for either."""
+    tries = 1 + CONNECTION_RETRIES
+    return tries * (tries * SOCKET_CONNECT_TIMEOUT_S + socket_timeout_s()) + (tries * tries - 1) * _BACKOFF_CAP_S
+
+
+def connection_options() -> dict:
+    """The engine's socket settings (read at each call, so tests may lower the constants).
+    No idle health check: its PING is retried inside the command's own retries (4 tries in
+    all); a connection that died while idle fails its command, which is tried again anyway."""
+    return {
+        "socket_keepalive": True,
+        "socket_timeout": socket_timeout_s(),
+        "socket_connect_timeout": SOCKET_CONNECT_TIMEOUT_S,
+        "retry": Retry(
+            ExponentialWithJitterBackoff(base=0.05, cap=_BACKOFF_CAP_S),
+            CONNECTION_RETRIES,
+            supported_errors=(redis.ConnectionError, redis.TimeoutError),
+        ),
+    }
 
 
 def connect(url: str, **options) -> redis.Redis:
     """A client for ``url`` with the engine's timeouts; ``options`` (TLS, credentials) add to them."""
-    return redis.Redis.from_url(url, **(CONNECTION_OPTIONS | options))
+    return redis.Redis.from_url(url, **(connection_options() | options))
+
+
+def redact(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``: what may be printed or logged."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def job_prefix(job: str) -> str:
@@ -229,8 +271,10 @@ class RedisSignalChannel:
         return bool(self._release(keys=self._barrier_keys(step, workers), args=[body, len(workers)]))
 
     def next_reports(self, timeout: float) -> list[StepReport | EndReport]:
-        if self.r.blpop([self.wake_key], timeout=min(timeout, BLOCK_CHUNK_S)) is None:
-            return []
+        # The reports are read whether or not the wake token came: a token can be lost (a
+        # client that woke from a pause past its socket timeout gave its BLPOP up while the
+        # server, paused too, still held it and later served it), the reports cannot.
+        self.r.blpop([self.wake_key], timeout=min(timeout, BLOCK_CHUNK_S))
         pipe = self.r.pipeline(transaction=True)  # atomic: no report slips between read and delete
         pipe.lrange(self.reports_key, 0, -1)
         pipe.delete(self.reports_key, self.wake_key)

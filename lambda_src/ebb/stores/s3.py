@@ -18,7 +18,7 @@ import boto3
 from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, ConnectTimeoutError, ReadTimeoutError
 from s3transfer.utils import S3_RETRYABLE_DOWNLOAD_ERRORS
 
 from ebb.ports.objects import check_key
@@ -34,11 +34,39 @@ TRANSFER_CONCURRENCY = 8
 
 # "standard" retries throttling (503 SlowDown), 5xx and connection errors with jittered
 # exponential backoff; a fleet of workers reading one prefix meets SlowDown, hence more
-# attempts than the default 3. A connect timeout well under a Lambda round, and a read
-# timeout that a 16 MiB part on a slow link still meets.
+# attempts than the default 3. An endpoint that does not answer at all is another matter:
+# a connect or read timeout is tried TIMEOUT_ATTEMPTS times in all, so a silent endpoint
+# fails within silent_endpoint_bound_s() (docs/RELIABILITY.md, "Bounds"). The read timeout
+# is the longest pause between two reads of a socket, not a transfer's duration: a 16 MiB
+# part on a slow link still meets it as long as bytes keep coming.
 MAX_ATTEMPTS = 6
-CONNECT_TIMEOUT_S = 5
-READ_TIMEOUT_S = 60
+TIMEOUT_ATTEMPTS = 2
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 20.0
+# Standard mode's backoff before attempt i+1 for an error other than throttling is at most
+# 50 ms x 2**i (botocore.retries.standard.ExponentialBackoff).
+_BACKOFF_BASE_S = 0.05
+
+
+def silent_endpoint_bound_s() -> float:
+    """Longest an S3 call waits on an endpoint that accepts connections (or not) and never
+    answers: every timed-out attempt, and the backoff between them."""
+    backoff = sum(_BACKOFF_BASE_S * 2**i for i in range(TIMEOUT_ATTEMPTS - 1))
+    return TIMEOUT_ATTEMPTS * (CONNECT_TIMEOUT_S + READ_TIMEOUT_S) + backoff
+
+
+def _stop_retrying_timeouts(caught_exception=None, attempts=0, request_dict=None, **_kwargs):
+    """``needs-retry`` hook: a timed-out attempt is not tried again past TIMEOUT_ATTEMPTS
+    (raising here ends the call with that timeout; returning None leaves the decision to
+    the standard retry handler)."""
+    if isinstance(caught_exception, (ConnectTimeoutError, ReadTimeoutError)):
+        context = request_dict.setdefault("context", {}) if request_dict is not None else {}
+        context["ebb_timeouts"] = context.get("ebb_timeouts", 0) + 1
+        if context["ebb_timeouts"] >= TIMEOUT_ATTEMPTS:
+            raise caught_exception
+    return None
+
+
 # The client's retries end with the response headers; a body cut off mid-stream is
 # fetched again this many times in all (s3transfer does the same for files).
 BODY_ATTEMPTS = 3
@@ -72,7 +100,9 @@ def s3_client():
     with _session_lock:
         if _session is None:
             _session = boto3.session.Session()
-        return _session.client("s3", config=config)
+        client = _session.client("s3", config=config)
+    client.meta.events.register_first("needs-retry.s3", _stop_retrying_timeouts)
+    return client
 
 
 def transfer_config() -> TransferConfig:
@@ -100,6 +130,9 @@ class S3ObjectStore:
     def url(self, key: str = "") -> str:
         """``s3://bucket/prefix/key`` (the store's own URL for an empty key)."""
         return f"s3://{self.bucket}/{self._full(key)}" if key else f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+
+    def locate(self, key: str) -> str:
+        return self.url(key)
 
     def _full(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -167,6 +200,20 @@ class S3ObjectStore:
                 self.client.upload_fileobj(io.BytesIO(data), self.bucket, full, Config=transfer_config())
         except (ClientError, BotoCoreError, S3UploadFailedError) as exc:
             raise self._error("PutObject", key, exc) from exc
+
+    def put_new(self, key: str, data: bytes) -> bool:
+        """A conditional PUT (``If-None-Match: *``): S3 refuses it with 412 when the key
+        exists, and with 409 when a concurrent conditional PUT of the key is in flight."""
+        full = self._key(key)
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*")
+        except ClientError as exc:
+            if self._code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                return False
+            raise self._error("PutObject", key, exc) from exc
+        except BotoCoreError as exc:
+            raise self._error("PutObject", key, exc) from exc
+        return True
 
     def exists(self, key: str) -> bool:
         full = self._key(key)

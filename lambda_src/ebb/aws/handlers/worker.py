@@ -8,7 +8,7 @@ from aws_lambda_powertools.logging.utils import copy_config_to_registered_logger
 from ebb.aws.config import aws_config
 from ebb.aws.contract import WorkerEvent, WorkerResult
 from ebb.aws.jobs import Job
-from ebb.engine.worker import Worker
+from ebb.engine.worker import start_worker
 from ebb.ports.keys import worker_key
 from ebb.ports.launcher import WorkerStart
 
@@ -27,7 +27,7 @@ def handler(event: dict, context) -> dict:
         round=req.round,
         resume=worker_key(req.round - 1, req.worker) if req.round > 0 else None,
     )
-    worker = Worker(
+    worker = start_worker(
         job.spec,
         start,
         data=job.data,

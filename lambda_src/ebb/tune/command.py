@@ -1,0 +1,124 @@
+"""``ebb tune``: the command's flags and what it does (``ebb.cli`` only registers it)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ebb.flags import JOB_FLAGS, LOCAL_FLAGS, Flag
+
+# The job's flags, less what the search decides for each trial: how far it trains (the
+# rungs), what it may spend (the search's budget) and where its redis-server is (shared).
+TUNE_JOB_FLAGS = tuple(
+    f for f in JOB_FLAGS + LOCAL_FLAGS if f.field not in ("stop.max_epochs", "stop.budget_usd", "redis_urls")
+)
+TUNE_FLAGS = (
+    Flag("trials", metavar="N"),
+    Flag("budget_usd", metavar="USD"),
+    Flag("eta"),
+    Flag("min_epochs", metavar="E"),
+    Flag("max_epochs", metavar="E"),
+    Flag("sampler"),
+    Flag("scheduler"),
+    Flag("parallel", metavar="CPUS"),
+    Flag("seed", "--tune-seed"),
+)
+
+EPILOG = """\
+examples:
+  ebb tune --model pmf --data data/ml --quick          the built-in space, about 3x one run's cost
+  ebb tune job.yaml --budget-usd 0.05                  the job file's tune: section
+  ebb tune --data data/ml --param hyper.lr=log_uniform:0.005,0.1 --param hyper.rank=choice:10,20,40
+  ebb tune --resume runs/my-job                        carry on after a kill
+
+Every trial is an ordinary job in OUT/trials/tNNN (checkpoints, report.json, model.npz).
+Trials are compared on the validation metric at rungs of min_epochs x eta^k epochs (at one
+worker's pace); the best 1/eta go on, resuming from their checkpoints (ASHA). At the end:
+a leaderboard, OUT/tune.json, OUT/best/ (the best trial's model and report), OUT/tune.png.
+"""
+
+
+def add_tune(sub) -> None:
+    from ebb.flags import add_flags, add_set
+    from ebb.spec import JobSpec
+    from ebb.tune.space import TuneSpec
+
+    p = sub.add_parser(
+        "tune",
+        help="search hyper-parameters: successive halving over resumable trials (locally)",
+        description="Search hyper-parameters of a job: sample settings with Optuna, train each as a job, "
+        "stop the weaker ones early (successive halving, ASHA) and resume the better ones from their checkpoints.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("job", nargs="?", help="job file (YAML), with an optional tune: section")
+    add_flags(p, JobSpec, TUNE_JOB_FLAGS, required=False)
+    add_set(p)
+    search = p.add_argument_group("search (the job file's tune: section)")
+    add_flags(search, TuneSpec, TUNE_FLAGS, required=False)
+    search.add_argument(
+        "--param",
+        dest="params",
+        action="append",
+        default=[],
+        metavar="FIELD=KIND:A,B",
+        help="search FIELD (any hyper.* or sync.* field) over log_uniform:LO,HI, uniform:LO,HI or choice:A,B,...; "
+        "repeatable",
+    )
+    search.add_argument(
+        "--quick",
+        action="store_true",
+        help="the built-in space and rungs of the model (lr, l2, optimizer, rank for PMF)",
+    )
+    p.add_argument("--resume", metavar="OUT", help="carry on with the search in OUT (after a kill); no other arguments")
+    p.set_defaults(func=cmd_tune)
+
+
+def cmd_tune(args) -> int:
+    from ebb.flags import given
+    from ebb.spec import SpecError
+    from ebb.tune.runner import Base, LocalTune, TuneError, leaderboard_text
+    from ebb.tune.space import split_job_file, tune_spec
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        if args.resume:
+            if args.job or args.params or args.quick:
+                print(
+                    "ebb tune: --resume carries on the search as it started: drop the other arguments", file=sys.stderr
+                )
+                return 2
+            run = LocalTune.resume(Path(args.resume), say)
+        else:
+            section, job_yaml = split_job_file(args.job)
+            overrides = {k: v for k, v in given(args, TUNE_JOB_FLAGS).items() if v is not None}
+            if job_yaml is None and args.job:
+                job_yaml = Path(args.job).read_text()
+            first = Base(job_yaml, overrides, args.assignments).spec()
+            overrides["name"] = first.name  # one name (a drawn one, when none was given) for all trials
+            base = Base(job_yaml, overrides, args.assignments)
+            out = Path(first.out_location)  # --out, the job file's out, else runs/<name>
+            tspec = tune_spec(section, first.model, given(args, TUNE_FLAGS), args.params, args.quick)
+            run = LocalTune(out, tspec, base, say)
+            run.start()
+        say(
+            f"tuning {len(run.tspec.space)} fields over {run.tspec.trials} trials, rungs at {run.tspec.rungs()} epochs"
+            + (f", budget ${run.tspec.budget_usd:g}" if run.tspec.budget_usd else "")
+            + f"; trials in {run.out / 'trials'}"
+        )
+        result = run.run()
+    except (SpecError, TuneError) as exc:
+        print(f"ebb tune: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"ebb tune: interrupted; carry on with ebb tune --resume {run.out}", file=sys.stderr)
+        return 1
+    print(leaderboard_text(result, "rmse" if run.base.spec().model == "pmf" else "logloss"))
+    if result["best"] is not None:
+        print(f"best: trial {result['best']['trial']} -> {run.out / 'best'}; leaderboard {run.out / 'tune.json'}")
+        return 0
+    print("no trial finished a rung", file=sys.stderr)
+    return 1

@@ -1,0 +1,369 @@
+"""``ebb tune`` here: trials as ordinary jobs under ``OUT/trials/tNNN`` (own checkpoints,
+report, model), run concurrently within a CPU budget, each job in a process of its own
+(``ebb.tune.trial``) with its own worker processes, all over one shared redis-server.
+
+``OUT/tune_state.json`` holds the search (``Search.state_dict``), the base job and the tune
+settings, rewritten after every start and end of a job; ``ebb tune --resume OUT`` after any
+kill carries on from it: finished rungs are never trained again, an interrupted job resumes
+from its trial's last complete round.
+
+When the search is over: every trial left between rungs gets its report (status
+``pruned``), ``OUT/tune.json`` holds the leaderboard, ``OUT/best/`` the best trial's model,
+report and plot, ``OUT/tune.png`` each trial's validation against epochs.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ebb.spec import JobSpec, load_spec
+from ebb.tune.scheduler import Job, Outcome, Search, Trial
+from ebb.tune.space import TuneSpec
+from ebb.tune.trial import TRIAL_SPEC, close, outcome
+
+STATE = "tune_state.json"
+RESULT = "tune.json"
+POLL_S = 0.2
+
+
+class TuneError(ValueError):
+    """What the user can fix, in one line."""
+
+
+class Base:
+    """The job every trial is: a job file's text (its ``tune:`` section removed) and flags,
+    with the trial's sampled fields on top."""
+
+    def __init__(self, job_yaml: str | None, overrides: dict[str, Any], assignments: list[str]):
+        self.job_yaml, self.overrides, self.assignments = job_yaml, overrides, assignments
+
+    def spec(self, params: dict[str, Any] | None = None, name: str | None = None, out: str | None = None) -> JobSpec:
+        import tempfile
+
+        fields = {**self.overrides, **(params or {})}
+        if name is not None:
+            fields.update({"name": name, "out": out})
+        if self.job_yaml is None:
+            return load_spec(None, fields, self.assignments)
+        with tempfile.NamedTemporaryFile("w", suffix="-job.yaml") as f:
+            f.write(self.job_yaml)
+            f.flush()
+            return load_spec(f.name, fields, self.assignments)
+
+    def state(self) -> dict[str, Any]:
+        return {"job_yaml": self.job_yaml, "overrides": self.overrides, "assignments": self.assignments}
+
+
+def unit_steps(spec: JobSpec) -> int:
+    """Steps in an epoch at one worker's pace: the rungs' unit (and the scorings' interval)."""
+    from ebb.engine.cadence import one_worker_epoch
+    from ebb.ports.manifest import load_manifest
+    from ebb.stores import open_object_store
+
+    manifest = load_manifest(open_object_store(spec.data), spec.data)
+    return one_worker_epoch(spec, len(manifest.train.parts))
+
+
+class LocalTune:
+    """One search, run here. ``say`` gets a line per finished job."""
+
+    def __init__(self, out: Path, tspec: TuneSpec, base: Base, say: Callable[[str], None] = print):
+        self.out, self.tspec, self.base, self.say = out, tspec, base, say
+        self.search: Search
+        self.wall_before = 0.0
+        self._units: dict[int, int] = {}
+
+    # -- state ---------------------------------------------------------------------
+    @classmethod
+    def resume(cls, out: Path, say: Callable[[str], None] = print) -> LocalTune:
+        try:
+            saved = json.loads((out / STATE).read_text())
+        except (OSError, ValueError):
+            raise TuneError(f"--resume: {out} holds no search to resume (no readable {STATE})") from None
+        b = saved["base"]
+        run = cls(
+            out, TuneSpec.model_validate(saved["tune"]), Base(b["job_yaml"], b["overrides"], b["assignments"]), say
+        )
+        run.search = Search(run.tspec, saved["search"])
+        run.wall_before = saved.get("wall_seconds", 0.0)
+        return run
+
+    def start(self) -> None:
+        if (self.out / STATE).exists() or (self.out / RESULT).exists():
+            raise TuneError(
+                f"{self.out} holds a search already: continue it with --resume {self.out}, or choose another --out"
+            )
+        from ebb.engine.preflight import PreflightError, preflight
+        from ebb.stores import open_object_store
+
+        base = self.base.spec()  # the base job must be valid, and its data sound, before anything runs
+        try:
+            preflight(base, open_object_store(base.data))
+        except (PreflightError, OSError, ValueError) as exc:
+            raise TuneError(str(exc)) from None
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.search = Search(self.tspec)
+
+    def _save(self, wall: float) -> None:
+        state = {
+            "tune": self.tspec.model_dump(mode="json"),
+            "base": self.base.state(),
+            "search": self.search.state_dict(),
+            "wall_seconds": wall,
+        }
+        tmp = self.out / (STATE + ".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        os.replace(tmp, self.out / STATE)  # a kill never leaves half a state
+
+    # -- trials --------------------------------------------------------------------
+    def trial_dir(self, trial: int) -> Path:
+        return self.out / "trials" / f"t{trial:03d}"
+
+    def trial_spec(self, t: Trial) -> JobSpec:
+        """Trial ``t``'s job: written once, read by every job of the trial."""
+        path = self.trial_dir(t.id) / TRIAL_SPEC
+        if path.exists():
+            return JobSpec.model_validate_json(path.read_text())
+        base = self.base.spec()
+        spec = self.base.spec(t.params, name=f"{base.name[:56]}-t{t.id:03d}", out=str(self.trial_dir(t.id)))
+        unit = unit_steps(spec)
+        manifest_parts = _num_parts(spec)
+        # The engine itself stops the trial at the last rung (then finalizes it as any job);
+        # each job of the trial ends its (last) round at its rung, where the search pauses it.
+        top_passes = self.tspec.rungs()[-1] * unit * spec.workers / manifest_parts
+        spec = spec.model_copy(
+            update={"stop": spec.stop.model_copy(update={"max_epochs": top_passes}), "redis_urls": []}
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(spec.model_dump_json(indent=2))
+        return spec
+
+    def units(self, t: Trial) -> int:
+        if t.id not in self._units:
+            self._units[t.id] = unit_steps(self.trial_spec(t))
+        return self._units[t.id]
+
+    def launch(self, job: Job, redis_url: str) -> mp.Process:
+        """Start ``job`` in a forked process (``ebb.tune.trial``): the imports are done once, here."""
+        t = self.search.trials[job.trial]
+        self.trial_spec(t)
+        folder = self.trial_dir(t.id)
+        to_steps = job.to_epochs * self.units(t)
+        proc = mp.get_context("fork").Process(
+            target=_job_process,
+            args=(str(folder), to_steps, redis_url, job.budget_usd),
+            name=f"ebb-trial-{t.id}",
+        )
+        proc.start()
+        return proc
+
+    def finish_job(self, job: Job, code: int) -> None:
+        t = self.search.trials[job.trial]
+        spec = self.trial_spec(t)
+        got = outcome(spec, self.units(t))
+        error = None
+        if code != 0:
+            got["status"] = "failed"
+            try:
+                error = json.loads((self.trial_dir(t.id) / "report.json").read_text()).get("error")
+            except (OSError, ValueError):
+                error = f"the trial's process exited with code {code} (see {self.trial_dir(t.id) / 'log.txt'})"
+        self.search.job_done(job, Outcome(**got, error=error))
+        score = f"{t.scores[job.rung]:.4f}" if job.rung in t.scores else "-"
+        self.say(
+            f"trial {t.id:3d} rung {job.rung} ({job.to_epochs:g} ep): {got['status']:<13} val {score}  "
+            f"{_params_text(t.params)}  ${t.cost_usd:.4f}"
+        )
+
+    # -- the loop ------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        from ebb.local.redis_server import RedisServer
+
+        started = time.monotonic()
+        workers = self.base.spec().workers
+        budget = self.tspec.cpu_budget()
+        pending = self.search.interrupted_jobs()
+        running: dict[int, tuple[mp.Process, Job]] = {}
+        procs: list[mp.Process] = []
+        try:
+            with RedisServer() as server:
+                while True:
+                    while not running or (len(running) + 1) * workers <= budget:
+                        if pending:
+                            job = pending.pop(0)
+                            self.search.start(job)
+                        else:
+                            job = self.search.next_job()
+                        if job is None:
+                            break
+                        proc = self.launch(job, server.url)
+                        procs.append(proc)
+                        running[job.trial] = (proc, job)
+                        self._save(self.wall_before + time.monotonic() - started)
+                    if not running:
+                        break
+                    time.sleep(POLL_S)
+                    for trial, (proc, job) in list(running.items()):
+                        code = proc.exitcode
+                        if code is not None:
+                            proc.join()
+                            del running[trial]
+                            self.finish_job(job, code)
+                            self._save(self.wall_before + time.monotonic() - started)
+        finally:
+            for proc in procs:  # Ctrl-C or a crash: no trial outlives the search
+                if proc.exitcode is None:
+                    proc.terminate()
+            for proc in procs:
+                proc.join(10)
+                if proc.exitcode is None:
+                    proc.kill()
+                    proc.join()
+        wall = self.wall_before + time.monotonic() - started
+        self._save(wall)
+        return self.conclude(wall)
+
+    # -- the results ---------------------------------------------------------------
+    def conclude(self, wall: float) -> dict[str, Any]:
+        """Reports for the trials the search stopped between rungs, the leaderboard in tune.json,
+        the best trial in OUT/best, the plot."""
+        rows = []
+        for t in self.search.leaderboard():
+            folder = self.trial_dir(t.id)
+            report_path = folder / "report.json"
+            if not report_path.exists() and t.rung >= 0 and t.status == "paused":
+                close(self.trial_spec(t), "pruned")
+            report = json.loads(report_path.read_text()) if report_path.exists() else {}
+            rows.append(
+                {
+                    "trial": t.id,
+                    "params": t.params,
+                    "best_val": t.best if t.scores else None,
+                    "scores": {str(k): v for k, v in sorted(t.scores.items())},  # by rung
+                    "rung": t.rung,
+                    "epochs": round(t.epochs, 4),
+                    "status": report.get("status", t.status),
+                    "cost_usd": report.get("cost", {}).get("total_usd", t.cost_usd),
+                    "wall_seconds": t.wall_seconds,
+                    "test_metrics": report.get("test_metrics"),
+                    "curve": t.curve,
+                    "folder": str(folder),
+                    "error": t.error,
+                }
+            )
+        best = self.search.best()
+        if best is not None:
+            dest = self.out / "best"
+            dest.mkdir(exist_ok=True)
+            for name in ("report.json", "model.npz", "loss.png", TRIAL_SPEC):
+                src = self.trial_dir(best.id) / name
+                if src.exists():
+                    shutil.copyfile(src, dest / name)
+        fleet_wall = _fleet_wall(self.search)
+        result = {
+            "best": {
+                "trial": best.id,
+                "params": best.params,
+                "best_val": best.best,
+                "folder": str(self.trial_dir(best.id)),
+            }
+            if best
+            else None,
+            "trials": rows,
+            "total_usd": round(sum(r["cost_usd"] for r in rows), 6),
+            "wall_seconds": round(wall, 3),
+            "fleet_wall_seconds": round(fleet_wall, 3),
+            "job_seconds": round(sum(t.wall_seconds for t in self.search.trials), 3),
+            "budget_usd": self.tspec.budget_usd,
+            "rungs": self.tspec.rungs(),
+            "launches": self.search.launches,
+            "tune": self.tspec.model_dump(mode="json"),
+        }
+        (self.out / RESULT).write_text(json.dumps(result, indent=2))
+        _plot(rows, self.out / "tune.png", self.base.spec().model)
+        return result
+
+
+def _job_process(folder: str, to_steps: int, redis_url: str, budget_usd: float | None) -> None:
+    from ebb.local.redis_server import die_with_parent
+    from ebb.tune.trial import run_job
+
+    die_with_parent()  # a search killed outright takes its trials with it; --resume runs them again
+    log = os.open(os.path.join(folder, "log.txt"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    sys.exit(run_job(folder, to_steps, redis_url, budget_usd))
+
+
+def _num_parts(spec: JobSpec) -> int:
+    from ebb.ports.manifest import load_manifest
+    from ebb.stores import open_object_store
+
+    return len(load_manifest(open_object_store(spec.data), spec.data).train.parts)
+
+
+def _fleet_wall(search: Search) -> float:
+    """The search's time on a fleet running every job of a rung at once, on the trials' own
+    clock: the longest job of each rung, summed (how the AWS design would run it, docs/AWS.md)."""
+    longest: dict[int, float] = {}
+    done: dict[int, float] = {}
+    for launch in search.launches:
+        t = search.trials[launch["trial"]]
+        share = (launch["to_epochs"] - launch["from_epochs"]) / t.epochs if t.epochs else 0.0
+        secs = min(t.wall_seconds * share, t.wall_seconds - done.get(t.id, 0.0))
+        done[t.id] = done.get(t.id, 0.0) + secs
+        longest[launch["rung"]] = max(longest.get(launch["rung"], 0.0), secs)
+    return sum(longest.values())
+
+
+def _params_text(params: dict[str, Any]) -> str:
+    return " ".join(f"{k.split('.')[-1]}={_fmt(v)}" for k, v in params.items())
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def leaderboard_text(result: dict[str, Any], loss_name: str) -> str:
+    """The leaderboard as a table: trial, settings, best validation, epochs, status, $."""
+    lines = [f"{'trial':>5}  {'val ' + loss_name:>12}  {'epochs':>6}  {'status':<13} {'$':>8}  settings"]
+    for r in result["trials"]:
+        val = f"{r['best_val']:.4f}" if r["best_val"] is not None else "-"
+        lines.append(
+            f"{r['trial']:>5}  {val:>12}  {r['epochs']:>6.1f}  {r['status']:<13} {r['cost_usd']:>8.4f}  "
+            f"{_params_text(r['params'])}"
+        )
+    lines.append(
+        f"total ${result['total_usd']:.4f}; {len(result['trials'])} trials in {result['wall_seconds']:.1f} s here "
+        f"({result['fleet_wall_seconds']:.1f} s on a fleet running each rung at once)"
+    )
+    return "\n".join(lines)
+
+
+def _plot(rows: list[dict[str, Any]], path: Path, model: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in rows:
+        if r["curve"]:
+            xs, ys = zip(*r["curve"])
+            ax.plot(xs, ys, marker="o", ms=2.5, lw=1, label=f"t{r['trial']}")
+    ax.set_xlabel("epochs (one worker's pace)")
+    ax.set_ylabel(f"validation ({'rmse' if model == 'pmf' else 'logloss'})")
+    ax.set_title("ebb tune: validation per trial")
+    if 0 < len(rows) <= 12 and any(r["curve"] for r in rows):
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,303 @@
+"""The search itself, whatever runs the trials: which trial trains next and how far
+(asynchronous successive halving, ASHA), what Optuna samples, and the $ budget.
+
+A *job* here is one stretch of one trial's training: a new trial from epoch 0 to the first
+rung, or a promoted one from its rung to the next (it resumes from its checkpoint). The
+runner asks ``next_job()``, trains, and hands the outcome back with ``job_done()``. The
+state is plain JSON (``state_dict``), so a search killed at any point carries on where
+its last finished job left it.
+
+Epochs are counted at one worker's pace (as ``hyper.lr_decay`` and the scorings are), so
+rungs mean the same at any fleet size. A trial's score at a rung is the best validation
+scoring it has made so far: the model the job would write.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ebb.tune.space import TuneSpec
+
+SAMPLER_WARMUP = 3  # tpe: QMC for this many trials (at least eta) before TPE takes over
+
+
+@dataclass
+class Trial:
+    id: int
+    params: dict[str, Any]
+    epochs: float = 0.0  # trained so far (one worker's pace)
+    rung: int = -1  # the last rung completed
+    scores: dict[int, float] = field(default_factory=dict)  # rung -> best validation by then
+    curve: list[list[float]] = field(default_factory=list)  # [epoch, validation] scorings
+    cost_usd: float = 0.0
+    wall_seconds: float = 0.0
+    running: bool = False
+    done: bool = False  # nothing more to train: the top rung, early stopping, the budget, a failure
+    status: str = "sampled"  # the job's last status (max_epochs, early_stopped, paused, failed, ...)
+    error: str | None = None
+
+    @property
+    def best(self) -> float:
+        return min(self.scores.values(), default=math.inf)
+
+
+@dataclass(frozen=True)
+class Job:
+    trial: int
+    rung: int  # the rung it trains to
+    from_epochs: float
+    to_epochs: int
+    budget_usd: float | None  # the trial's cost at which the engine stops it (its stop.budget_usd)
+    reserved_usd: float = 0.0  # what this job is expected to spend, held back from the others
+
+
+@dataclass
+class Outcome:
+    """What a job reports back: the trial's state after it."""
+
+    epochs: float
+    best_val: float | None
+    cost_usd: float  # the trial's, cumulative
+    wall_seconds: float  # the trial's, cumulative
+    status: str  # paused (reached the rung) | the engine's stop reason | failed
+    curve: list[list[float]] = field(default_factory=list)
+    error: str | None = None
+
+
+class Search:
+    """ASHA over ``spec.rungs()`` with Optuna sampling new trials and a total $ budget."""
+
+    def __init__(self, spec: TuneSpec, state: dict[str, Any] | None = None):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.spec, self.rungs = spec, spec.rungs()
+        self.trials: list[Trial] = []
+        self.launches: list[dict[str, Any]] = []  # every job started: trial, rung, from and to epochs
+        self.distributions = spec.distributions()
+        self.study = optuna.create_study(direction="minimize")
+        self._asked: dict[int, Any] = {}  # trial id -> its live Optuna trial (sampled in this process)
+        self._running: dict[int, Job] = {}
+        self._by_kind: dict[str, Any] | None = None  # the samplers, made once the state is loaded
+        if state:
+            self._load(state)
+
+    # -- sampling ------------------------------------------------------------------
+    def _samplers(self) -> dict[str, Any]:
+        """One instance of each sampler for the whole search, so each draws on from where it
+        was (a fresh instance per trial would draw the same point again). Seeded with the
+        trials so far, so a resumed search draws new points too."""
+        import warnings
+
+        from optuna.exceptions import ExperimentalWarning
+        from optuna.samplers import QMCSampler, RandomSampler, TPESampler
+
+        # Each sampler's own stream (one seed for all would draw TPE's first random point
+        # where QMC's first was), moved on by the trials so far for a resumed search.
+        seed = 3 * (self.spec.seed + len(self.trials))
+        warmup = max(SAMPLER_WARMUP, self.spec.eta)
+        with warnings.catch_warnings():  # both stable in use since Optuna 3; the flag is a formality
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            return {
+                "random": RandomSampler(seed=seed),
+                # scramble: a seeded, shifted Sobol sequence (its place is kept in the study);
+                # categorical fields are drawn by its independent sampler, by design.
+                "qmc": QMCSampler(
+                    seed=self.spec.seed,
+                    scramble=True,
+                    independent_sampler=RandomSampler(seed=seed + 1),
+                    warn_independent_sampling=False,
+                ),
+                # TPE models from the QMC trials on (its default waits for 10 random ones).
+                "tpe": TPESampler(seed=seed + 2, multivariate=True, n_startup_trials=warmup),
+            }
+
+    def _sampler(self, told: int):
+        if self._by_kind is None:
+            self._by_kind = self._samplers()
+        kind = self.spec.sampler
+        if kind == "tpe" and told < max(SAMPLER_WARMUP, self.spec.eta):
+            kind = "qmc"
+        return self._by_kind[kind]
+
+    def _sample(self) -> dict[str, Any]:
+        told = sum(1 for t in self.trials if 0 in t.scores)
+        self.study.sampler = self._sampler(told)
+        trial = self.study.ask(self.distributions)
+        params = dict(trial.params)
+        self._asked[len(self.trials)] = trial
+        return params
+
+    def _tell(self, t: Trial, value: float | None) -> None:
+        import optuna
+
+        state = optuna.trial.TrialState.COMPLETE if value is not None and math.isfinite(value) else None
+        live = self._asked.pop(t.id, None)
+        if live is not None:
+            if state is None:
+                self.study.tell(live, state=optuna.trial.TrialState.FAIL)
+            else:
+                self.study.tell(live, value)
+        elif state is not None:  # sampled before a resume: known to the study from its parameters
+            self.study.add_trial(
+                optuna.trial.create_trial(params=t.params, distributions=self.distributions, value=value)
+            )
+
+    # -- the schedule --------------------------------------------------------------
+    @property
+    def top(self) -> int:
+        return len(self.rungs) - 1
+
+    def _promotable(self, closing: bool) -> tuple[Trial, int] | None:
+        """ASHA: from the highest rung down, a trial in the best 1/eta of those that reached the
+        rung, not yet promoted. ``closing`` (no new trials to come, none running): at least the
+        best one of each rung goes on, so the last rung is always reached."""
+        for k in range(self.top - 1, -1, -1):
+            reached = sorted((t for t in self.trials if k in t.scores), key=lambda t: (t.scores[k], t.id))
+            keep = len(reached) // self.spec.eta
+            if closing:
+                keep = max(1, keep)
+            for t in reached[:keep]:
+                if t.rung == k and not t.running and not t.done:
+                    return t, k + 1
+        return None
+
+    def next_job(self) -> Job | None:
+        """The next job to start (None: wait for a running one, or the search is over:
+        ``finished()`` says which)."""
+        running = any(t.running for t in self.trials)
+        more = len(self.trials) < self.spec.trials
+        found = self._promotable(closing=not more and not running)
+        if found is not None:
+            t, rung = found
+        elif more:
+            t, rung = None, 0
+        else:
+            return None
+        from_epochs = t.epochs if t is not None else 0.0
+        to_epochs = self.rungs[rung]
+        allowance = self._allowance(t, to_epochs - from_epochs)
+        if allowance is not None and allowance <= 0:
+            return None
+        per = self._per_epoch(t)
+        if t is None:
+            t = Trial(id=len(self.trials), params=self._sample())
+            self.trials.append(t)
+        reserve = per * (to_epochs - from_epochs) if per is not None else (allowance or 0.0)
+        budget = None if allowance is None else t.cost_usd + allowance
+        job = Job(t.id, rung, from_epochs, to_epochs, budget, reserve)
+        self.start(job)
+        return job
+
+    def start(self, job: Job) -> None:
+        """Mark ``job`` running (``next_job`` does; a resumed search does for its interrupted jobs)."""
+        self.trials[job.trial].running = True
+        self._running[job.trial] = job
+        self.launches.append(asdict(job))
+
+    def job_done(self, job: Job, outcome: Outcome) -> None:
+        t = self.trials[job.trial]
+        t.running = False
+        self._running.pop(job.trial, None)
+        t.epochs, t.cost_usd, t.wall_seconds = outcome.epochs, outcome.cost_usd, outcome.wall_seconds
+        t.status, t.error = outcome.status, outcome.error
+        t.curve = [list(p) for p in outcome.curve]
+        first = 0 not in t.scores
+        if outcome.status == "failed" or outcome.best_val is None:
+            t.done = True
+            if first:
+                self._tell(t, None)
+            return
+        if outcome.status == "paused" or outcome.status == "max_epochs":
+            t.rung = job.rung
+            t.scores[job.rung] = outcome.best_val
+            t.done = job.rung == self.top or outcome.status == "max_epochs"
+        elif outcome.status in ("early_stopped", "converged"):
+            # Training ended by itself: more epochs would not change its best, so it stands at
+            # every rung above (it competes there, and is never trained again).
+            for k in range(job.rung, self.top + 1):
+                t.scores[k] = outcome.best_val
+            t.rung, t.done = self.top, True
+        else:  # budget, max_time: cut short of the rung, so not comparable there
+            t.done = True
+            if first:
+                t.scores[job.rung] = outcome.best_val  # (the sampler still learns from it)
+        if first and 0 in t.scores:
+            self._tell(t, t.scores[0])
+
+    # -- the budget ----------------------------------------------------------------
+    @property
+    def spent_usd(self) -> float:
+        return sum(t.cost_usd for t in self.trials)
+
+    def _per_epoch(self, t: Trial | None) -> float | None:
+        """The cost of an epoch: this trial's own so far, else the dearest trial's."""
+        if t is not None and t.epochs > 0:
+            return t.cost_usd / t.epochs
+        seen = [u.cost_usd / u.epochs for u in self.trials if u.epochs > 0]
+        return max(seen) if seen else None
+
+    def _reserved(self) -> float:
+        """What the running jobs are expected to spend still."""
+        return sum(j.reserved_usd for j in self._running.values())
+
+    def _allowance(self, t: Trial | None, epochs: float) -> float | None:
+        """What a job of ``epochs`` more epochs may spend (None: no budget), or 0 when it must
+        not start. Before any job has finished, the cost of an epoch is unknown: one job runs
+        alone and the engine stops it at the budget."""
+        budget = self.spec.budget_usd
+        if budget is None:
+            return None
+        free = budget - self.spent_usd - self._reserved()
+        per = self._per_epoch(t)
+        if per is None:
+            return free if not any(u.running for u in self.trials) else 0.0
+        return free if per * epochs <= free else 0.0
+
+    # -- results -------------------------------------------------------------------
+    def leaderboard(self) -> list[Trial]:
+        """Trials, best first: the furthest rung reached, then the score there."""
+
+        def key(t: Trial) -> tuple[int, float, int]:
+            if not t.scores:
+                return (1, math.inf, t.id)
+            k = max(t.scores)
+            return (-k, t.scores[k], t.id)
+
+        return sorted(self.trials, key=key)
+
+    def best(self) -> Trial | None:
+        board = [t for t in self.leaderboard() if t.scores]
+        return board[0] if board else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "trials": [{**asdict(t), "scores": {str(k): v for k, v in t.scores.items()}} for t in self.trials],
+            "launches": self.launches,
+            # The QMC sampler's place in its sequence (a resumed search draws new points, not the same again).
+            "sampler_attrs": self.study._storage.get_study_system_attrs(self.study._study_id),
+        }
+
+    def _load(self, state: dict[str, Any]) -> None:
+        for raw in state["trials"]:
+            t = Trial(**{**raw, "scores": {int(k): v for k, v in raw["scores"].items()}})
+            self.trials.append(t)
+            if 0 in t.scores and math.isfinite(t.scores[0]):
+                self._tell(t, t.scores[0])
+        self.launches = list(state.get("launches", []))
+        for key, value in state.get("sampler_attrs", {}).items():
+            # (Optuna has no public setter for a study's system attributes since 3.1.)
+            self.study._storage.set_study_system_attr(self.study._study_id, key, value)
+
+    def interrupted_jobs(self) -> list[Job]:
+        """Jobs that were running when the search stopped, to start again (each resumes from its
+        trial's last complete round, so only the unfinished part of a rung is trained again)."""
+        jobs = []
+        for t in self.trials:
+            if t.running:
+                last = next(x for x in reversed(self.launches) if x["trial"] == t.id)
+                t.running = False
+                jobs.append(Job(**last))
+        return jobs

@@ -1,0 +1,248 @@
+"""What ``ebb tune`` searches: the ``tune:`` section of a job file (and its flags), the
+space over ``hyper.*`` / ``sync.*`` fields, and the built-in ``--quick`` spaces.
+
+A space maps a dotted field to one distribution, in YAML::
+
+    tune:
+      trials: 9
+      budget_usd: 0.05
+      space:
+        hyper.lr: {log_uniform: [0.003, 0.1]}
+        hyper.l2: {uniform: [0.0, 0.2]}
+        hyper.rank: {choice: [10, 20, 40]}
+
+or on the command line ``--param hyper.lr=log_uniform:0.003,0.1`` (repeatable). Bounds
+that are both integers sample integers. The distributions are Optuna's, so its samplers
+(QMC, TPE, random) draw from them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import TYPE_CHECKING, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ebb.spec import HyperParams, SpecError, SyncSpec
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
+
+KINDS = ("log_uniform", "uniform", "choice")
+TUNABLE = {"hyper": HyperParams, "sync": SyncSpec}  # the sections a space may reach
+
+
+class Param(BaseModel):
+    """One searched field: exactly one of log_uniform, uniform (bounds) or choice (values)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # int | float: bounds given as integers sample integers (hyper.rank).
+    log_uniform: tuple[int | float, int | float] | None = None
+    uniform: tuple[int | float, int | float] | None = None
+    choice: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Param:
+        given = [k for k in KINDS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of {', '.join(KINDS)}")
+        bounds = self.log_uniform or self.uniform
+        if bounds is not None:
+            lo, hi = bounds
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+                raise ValueError(f"bounds [{lo}, {hi}]: need finite low < high")
+            if self.log_uniform is not None and lo <= 0:
+                raise ValueError("log_uniform needs a low bound above 0")
+        if self.choice is not None and not self.choice:
+            raise ValueError("choice needs at least one value")
+        return self
+
+    def distribution(self) -> BaseDistribution:
+        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+        if self.choice is not None:
+            return CategoricalDistribution(self.choice)
+        bounds = self.log_uniform or self.uniform
+        assert bounds is not None
+        lo, hi = bounds
+        log = self.log_uniform is not None
+        if isinstance(lo, int) and isinstance(hi, int):
+            return IntDistribution(lo, hi, log=log)
+        return FloatDistribution(float(lo), float(hi), log=log)
+
+
+def parse_param(text: str) -> tuple[str, Param]:
+    """``hyper.lr=log_uniform:0.003,0.1`` (the ``--param`` flag) -> (field, Param)."""
+    field, sep, rest = text.partition("=")
+    kind, sep2, values = rest.partition(":")
+    if not sep or not sep2 or kind not in KINDS:
+        raise SpecError(f"--param {text}: write FIELD=KIND:A,B with KIND one of {', '.join(KINDS)}")
+    items = [yaml.safe_load(v) for v in values.split(",")]
+    return field.strip(), _param(field.strip(), {kind: items})
+
+
+def _param(field: str, raw: Any) -> Param:
+    if not isinstance(raw, dict):
+        raise SpecError(
+            f"tune.space.{field}: write {{log_uniform: [lo, hi]}}, {{uniform: [lo, hi]}} or {{choice: [...]}}"
+        )
+    try:
+        param = Param.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(f"tune.space.{field}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+    _check_field(field, param)
+    return param
+
+
+def _check_field(field: str, param: Param) -> None:
+    section, _, leaf = field.partition(".")
+    model = TUNABLE.get(section)
+    if model is None or leaf not in model.model_fields:
+        known = ", ".join(f"{s}.{f}" for s, m in TUNABLE.items() for f in m.model_fields)
+        raise SpecError(f"tune.space: {field} is not a hyper.* or sync.* field ({known})")
+    values = param.choice if param.choice is not None else list(param.log_uniform or param.uniform or ())
+    for value in values:
+        try:
+            model.model_validate({leaf: value})
+        except ValidationError as exc:
+            raise SpecError(f"tune.space.{field}: {value!r}: {exc.errors()[0]['msg']}") from None
+
+
+class TuneSpec(BaseModel):
+    """How ``ebb tune`` searches (the job file's ``tune:`` section; flags override it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trials: int = Field(9, ge=1, le=10_000, description="configurations sampled (the trial budget)")
+    budget_usd: float | None = Field(
+        None, gt=0, description="total estimated AWS cost of all trials: no trial starts or goes on past it"
+    )
+    eta: int = Field(3, ge=2, le=10, description="successive halving: keep the best 1/eta of a rung, promote it")
+    min_epochs: int = Field(
+        1, ge=1, description="the first rung, in epochs at one worker's pace (as lr_decay and the scorings)"
+    )
+    max_epochs: int = Field(9, ge=1, description="the last rung: a promoted trial trains this many epochs in all")
+    sampler: Literal["tpe", "qmc", "random"] = Field(
+        "tpe", description="tpe: QMC for the first eta trials, then TPE | qmc | random (Optuna's samplers)"
+    )
+    scheduler: Literal["asha", "none"] = Field(
+        "asha", description="asha (successive halving, asynchronous) | none: every trial trains max_epochs"
+    )
+    parallel: int | None = Field(
+        None, ge=1, description="CPU budget: running trials' workers together (default: this machine's cores)"
+    )
+    seed: int = Field(0, description="the sampler's seed")
+    space: dict[str, Param] = Field(default_factory=dict, description="field: distribution")
+
+    @field_validator("space", mode="before")
+    @classmethod
+    def _space(cls, raw: Any) -> Any:
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict):
+            raise ValueError("write field: {log_uniform|uniform|choice: ...}")
+        return {str(k): v if isinstance(v, Param) else _param(str(k), v) for k, v in raw.items()}
+
+    @model_validator(mode="after")
+    def _ladder(self) -> TuneSpec:
+        if self.max_epochs < self.min_epochs:
+            raise ValueError(f"max_epochs ({self.max_epochs}) < min_epochs ({self.min_epochs})")
+        return self
+
+    def cpu_budget(self) -> int:
+        return self.parallel or os.cpu_count() or 1
+
+    def rungs(self) -> list[int]:
+        """The epochs (one worker's pace) at which trials are compared: min_epochs × eta^k up
+        to max_epochs, which is always the last."""
+        if self.scheduler == "none":
+            return [self.max_epochs]
+        out, r = [], self.min_epochs
+        while r < self.max_epochs:
+            out.append(r)
+            r *= self.eta
+        return out + [self.max_epochs]
+
+    def distributions(self) -> dict[str, BaseDistribution]:
+        return {field: param.distribution() for field, param in self.space.items()}
+
+
+# --quick: the built-in space per model, sized so the whole search costs about 3× one
+# default training run (bench/tune.py measures it). What each knob spans: the defaults'
+# neighbourhood on the presets in bench/quality.py, a decade each way for lr and l2.
+QUICK: dict[str, dict[str, Any]] = {
+    "pmf": {
+        "trials": 9,
+        "eta": 3,
+        "min_epochs": 2,
+        "max_epochs": 18,
+        "space": {
+            "hyper.lr": {"log_uniform": [0.005, 0.08]},
+            "hyper.l2": {"log_uniform": [0.01, 0.3]},
+            "hyper.optimizer": {"choice": ["sgd_momentum", "adam"]},
+            "hyper.rank": {"choice": [10, 20, 40]},
+        },
+    },
+    "sparse_lr": {
+        "trials": 9,
+        "eta": 3,
+        "min_epochs": 1,
+        "max_epochs": 9,
+        "space": {"hyper.lr": {"log_uniform": [0.002, 0.05]}, "hyper.l2": {"log_uniform": [1e-6, 3e-4]}},
+    },
+    "lr": {
+        "trials": 9,
+        "eta": 3,
+        "min_epochs": 1,
+        "max_epochs": 9,
+        "space": {"hyper.lr": {"log_uniform": [0.005, 0.3]}, "hyper.l2": {"log_uniform": [1e-6, 1e-3]}},
+    },
+}
+
+
+def tune_spec(
+    section: dict[str, Any] | None, model: str, overrides: dict[str, Any], params: list[str], quick: bool
+) -> TuneSpec:
+    """The search: ``--quick``'s built-in one for ``model`` (if asked), under the job file's
+    ``tune:`` section, under the flags (``overrides``: field -> value or None) and ``--param``s."""
+    doc: dict[str, Any] = {}
+    if quick:
+        doc.update(QUICK[model])
+    for key, value in (section or {}).items():
+        doc[key] = {**doc.get("space", {}), **(value or {})} if key == "space" else value
+    doc.update({k: v for k, v in overrides.items() if v is not None})
+    if params:
+        doc["space"] = dict(doc.get("space") or {})
+        for text in params:
+            field, param = parse_param(text)
+            doc["space"][field] = param
+    try:
+        spec = TuneSpec.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where, message = ".".join(str(p) for p in err["loc"]), err["msg"].removeprefix("Value error, ")
+        raise SpecError(message if message.startswith("tune.") else f"tune.{where}: {message}") from None
+    if not spec.space:
+        raise SpecError("tune: nothing to search: give a space (tune.space in the job file, --param, or --quick)")
+    return spec
+
+
+def split_job_file(path: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """A job file's ``tune:`` section, and the rest of the file as YAML text for the job spec."""
+    if path is None:
+        return None, None
+    try:
+        doc = yaml.safe_load(open(path).read()) or {}
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read job file: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(doc, dict) or "tune" not in doc:
+        return None, None
+    section = doc.pop("tune")
+    if section is not None and not isinstance(section, dict):
+        raise SpecError(f"{path}: tune: write a section of fields (trials, budget_usd, space, ...)")
+    return section, yaml.safe_dump(doc, sort_keys=False)

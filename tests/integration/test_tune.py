@@ -1,0 +1,158 @@
+"""ebb tune for real on a tiny ratings set: trials as jobs (worker processes over one shared
+redis-server), the planted best promoted, a promoted trial bit-identical to one run
+straight through, the $ budget, and kill -9 then --resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from ebb.data.prepare import prepare_dataset
+from ebb.data.synth import synth_ratings
+from ebb.local.runner import run_local
+from ebb.spec import JobSpec
+from ebb.stores.local import FolderObjectStore
+
+
+@pytest.fixture(scope="module")
+def tiny_ratings(tmp_path_factory):
+    """Planted ratings with a validation split: 10 train parts, so an epoch is 10 steps."""
+    root = tmp_path_factory.mktemp("tune-ratings")
+    synth_ratings(root / "ratings.csv", users=300, items=200, ratings=12_500, rank=5, noise=0.3, seed=7)
+    prepare_dataset(
+        "movielens",
+        root / "ratings.csv",
+        FolderObjectStore(root / "prepared"),
+        batch_size=1000,
+        test_fraction=0.1,
+        seed=1,
+    )
+    return str(root / "prepared")
+
+
+def _ebb(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "ebb.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw
+    )
+
+
+def _job(data: str, out: Path, *extra: str) -> list[str]:
+    # lr spans slow (1e-4) to good (0.05): after 1 to 4 epochs the high end is clearly best.
+    return [
+        "tune", "--model", "pmf", "--data", data, "--out", str(out), "--workers", "2", "--sync", "bsp",
+        "--rank", "5", "--set", "scaling.policy=none",
+        "--param", "hyper.lr=log_uniform:0.0001,0.05", "--sampler", "qmc",
+        "--trials", "4", "--eta", "2", "--min-epochs", "1", "--max-epochs", "4", "--parallel", "4", *extra,
+    ]  # fmt: skip
+
+
+def test_tune_promotes_the_best_and_a_promoted_trial_matches_one_run_straight_through(tiny_ratings, tmp_path):
+    out = tmp_path / "search"
+    proc = _ebb(*_job(tiny_ratings, out))
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    result = json.loads((out / "tune.json").read_text())
+    rows = {r["trial"]: r for r in result["trials"]}
+    assert len(rows) == 4 and "best: trial" in stdout and "val rmse" in stdout
+    best = result["best"]
+    # The planted best (the highest learning rates) wins, and was promoted to the last rung.
+    assert best["params"]["hyper.lr"] == max(r["params"]["hyper.lr"] for r in rows.values())
+    assert rows[best["trial"]]["rung"] == 2 and rows[best["trial"]]["status"] == "max_epochs"
+    rung0 = {t: r["scores"]["0"] for t, r in rows.items()}
+    assert all(len(r["curve"]) == r["epochs"] for r in rows.values())  # a scoring an epoch
+    assert min(rung0, key=rung0.get) == best["trial"]
+    # Trials are ordinary jobs; the ones stopped between rungs have reports too.
+    for r in rows.values():
+        report = json.loads((Path(r["folder"]) / "report.json").read_text())
+        assert report["status"] in ("max_epochs", "pruned", "early_stopped")
+        assert (Path(r["folder"]) / "model.npz").exists() and report["test_metrics"]["rmse"] > 0
+    assert {r["status"] for r in rows.values()} >= {"pruned", "max_epochs"}
+    assert (
+        (out / "best" / "report.json").exists()
+        and (out / "best" / "model.npz").exists()
+        and (out / "tune.png").exists()
+    )
+    assert result["total_usd"] > 0 and result["wall_seconds"] > 0
+    launches = [x for x in result["launches"] if x["trial"] == best["trial"]]
+    assert [(x["from_epochs"], x["to_epochs"]) for x in launches] == [(0.0, 1), (1, 2), (2, 4)]
+
+    # The promoted trial paused twice and resumed in fresh processes: the same model, bit for
+    # bit, as its job run straight through to the same epochs.
+    spec = JobSpec.model_validate_json((Path(best["folder"]) / "trial.json").read_text())
+    straight = spec.model_copy(update={"out": str(tmp_path / "straight"), "round_steps": None})
+    report, model = run_local(straight)
+    promoted = np.load(Path(best["folder"]) / "model.npz")
+    assert report["status"] == "max_epochs" and report["steps"] == 40
+    assert set(promoted.files) == set(model) and all(np.array_equal(promoted[k], model[k]) for k in model)
+    trial_report = json.loads((Path(best["folder"]) / "report.json").read_text())
+    assert [h["loss"] for h in trial_report["history"]] == [h["loss"] for h in report["history"]]
+    assert trial_report["test_metrics"] == report["test_metrics"]
+
+
+def test_tune_killed_outright_resumes_without_retraining_finished_rungs_within_its_budget(tiny_ratings, tmp_path):
+    out = tmp_path / "search"
+    budget = 0.0018  # two thirds of what the search costs unbounded
+    proc = _ebb(*_job(tiny_ratings, out, "--budget-usd", str(budget), "--parallel", "2"), start_new_session=True)
+    state_path = out / "tune_state.json"
+    deadline = time.monotonic() + 120
+    before = None
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        if state_path.exists():
+            state = json.loads(state_path.read_text())
+            trials = state["search"]["trials"]
+            if any(t["rung"] >= 0 for t in trials) and any(t["running"] for t in trials):
+                before = state
+                break
+        time.sleep(0.05)
+    assert before is not None, "the search finished a rung and went on"
+    children = psutil.Process(proc.pid).children(recursive=True)
+    os.kill(proc.pid, signal.SIGKILL)  # only the search: its trials and redis-server must follow
+    proc.wait()
+    gone, alive = psutil.wait_procs(children, timeout=15)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+    resumed = _ebb("tune", "--resume", str(out))
+    stdout, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, stderr
+    result = json.loads((out / "tune.json").read_text())
+    assert result["total_usd"] <= budget
+    rungs = result["rungs"]
+    done_before = {t["id"]: t["rung"] for t in before["search"]["trials"] if t["rung"] >= 0}
+    after = result["launches"][len(before["search"]["launches"]) :]
+    for launch in after:  # only unfinished rungs were trained after the kill
+        if launch["trial"] in done_before:
+            assert launch["from_epochs"] >= rungs[done_before[launch["trial"]]]
+    for trial in {x["trial"] for x in result["launches"]}:
+        spans = [(x["from_epochs"], x["to_epochs"]) for x in result["launches"] if x["trial"] == trial]
+        # each rung's job started once, except the one the kill interrupted, started again
+        assert all(b[0] in (a[0], a[1]) for a, b in zip(spans, spans[1:]))
+        report = json.loads((out / "trials" / f"t{trial:03d}" / "report.json").read_text())
+        steps = [h["step"] for h in report["history"]]
+        assert steps == list(range(len(steps)))  # no step trained twice in the trial's history
+
+
+def test_a_scoring_at_a_rounds_last_step_reaches_the_supervisor_as_without_the_cut(tiny_ratings, tmp_path):
+    """Rounds ending exactly where validation is scored (what a rung does): the scoring
+    travels in the worker's checkpoint, so early stopping sees every one of them."""
+    from ebb.spec import load_spec
+
+    def spec(out, **more):
+        fields = {"model": "pmf", "data": tiny_ratings, "out": str(out), "seed": 2, "hyper.rank": 5}
+        return load_spec(overrides={**fields, "stop.max_epochs": 4, **more})
+
+    whole, _ = run_local(spec(tmp_path / "whole"))
+    cut, _ = run_local(spec(tmp_path / "cut", round_steps=10))  # 10 parts: a round an epoch
+    assert cut["rounds"] == 4 and whole["rounds"] == 1
+    vals = [(h["step"], h.get("val")) for h in whole["history"] if h.get("val") is not None]
+    assert len(vals) >= 3 and vals == [(h["step"], h.get("val")) for h in cut["history"] if h.get("val") is not None]
+    assert cut["best_val"] == whole["best_val"] and cut["best_step"] == whole["best_step"]

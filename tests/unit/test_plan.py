@@ -1,0 +1,223 @@
+"""The planner's fits and the auto-tuner's cost guard (issue 27; docs/RESULTS-TOOLS.md, "Planning a job")."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ebb.autotune.tuner import ScaleInTuner
+from ebb.engine.fleet_clock import Links, WorkerStep, worker_seconds
+from ebb.plan.fit import Line, SizeSample, StepModel, epoch_steps, fit_progress, fit_step_model, miss_share, sample_of
+from ebb.plan.planner import pareto_front, recommend
+
+LINKS = Links(link_mb_s=75.0, rtt_ms=0.4, node_mb_s=625.0, cold_start_s=3.0, barrier_ms=0.5)
+
+# A planted step: CPU grows with the peers (apply), a fetch costs 4 ms, a worker sends
+# 80 kB and reads every peer's 60 kB, the barrier's wait for the slowest grows as ln P.
+PLANTED = StepModel(
+    cpu=Line(0.020, 0.0015),
+    fetch_cpu=0.004,
+    io_cpu=Line(0.001, 0.0002),
+    sent=Line(80_000.0, 0.0),
+    read_per_peer=Line(60_000.0, 0.0),
+    requests=Line(3.0, 1.0),
+    straggle=Line(1.0, 0.08),
+    links=LINKS,
+)
+
+
+def planted_sample(p: int, miss: float, noise: float = 0.0, rng=None) -> SizeSample:
+    def jitter(x: float) -> float:
+        return x * (1 + rng.normal(0, noise)) if noise else x
+
+    peers = p - 1
+    return SizeSample(
+        workers=p,
+        cpu_s=jitter(PLANTED.cpu(peers)),
+        fetch_cpu_s=jitter(PLANTED.fetch_cpu),
+        io_cpu_s=jitter(PLANTED.io_cpu(peers)),
+        sent_bytes=jitter(PLANTED.sent(peers)),
+        read_bytes=jitter(PLANTED.read_per_peer(peers) * peers),
+        requests=PLANTED.requests(peers),
+        step_s=jitter(PLANTED.step_seconds(p, miss)),
+        miss_share=miss,
+        fetching_cpu_s=jitter(PLANTED.cpu(peers) + PLANTED.fetch_cpu),
+    )
+
+
+def test_a_planted_step_time_model_is_recovered_by_the_fit():
+    samples = [planted_sample(p, miss=0.5) for p in (2, 4, 8)]
+    fitted = fit_step_model(samples, LINKS)
+    for part in ("cpu", "io_cpu", "sent", "read_per_peer", "requests", "straggle"):
+        got, want = getattr(fitted, part), getattr(PLANTED, part)
+        assert (got.a, got.b) == pytest.approx((want.a, want.b), rel=1e-6, abs=1e-9), part
+    assert fitted.fetch_cpu == pytest.approx(PLANTED.fetch_cpu)
+    # ... so it predicts the sizes it never saw, 4x past the largest profiled.
+    for p in (1, 16, 32):
+        for miss in (0.0, 1.0):
+            assert fitted.step_seconds(p, miss) == pytest.approx(PLANTED.step_seconds(p, miss), rel=1e-6)
+
+
+def test_the_fit_extrapolates_within_a_few_percent_under_measurement_noise():
+    rng = np.random.default_rng(0)
+    errors = []
+    for _ in range(20):
+        samples = [planted_sample(p, miss=0.5, noise=0.02, rng=rng) for p in (2, 4, 8)]
+        fitted = fit_step_model(samples, LINKS)
+        errors += [abs(fitted.step_seconds(p) / PLANTED.step_seconds(p) - 1) for p in (16, 32)]
+    assert np.median(errors) < 0.05 and max(errors) < 0.20
+
+
+def test_composition_is_the_fleet_clocks_formula():
+    # With no straggle, a step is the barrier plus one worker's fleet-clock seconds.
+    flat = StepModel(**{**PLANTED.__dict__, "straggle": Line(1.0, 0.0)})
+    p = 8
+    w = WorkerStep(
+        cpu_s=PLANTED.cpu(p - 1),
+        sent_bytes=int(PLANTED.sent(p - 1)),
+        read_bytes=int(PLANTED.read_per_peer(p - 1) * (p - 1)),
+        requests=int(PLANTED.requests(p - 1)),
+        io_cpu_s=PLANTED.io_cpu(p - 1),
+    )
+    totals = (p * w.sent_bytes, p * w.read_bytes)
+    assert flat.step_seconds(p) == pytest.approx(LINKS.barrier_ms / 1e3 + worker_seconds(w, LINKS, totals), rel=1e-4)
+
+
+def test_sample_of_separates_fetching_steps():
+    steps = [{0: WorkerStep(0.014, 100, 200, 3, 0.001), 1: WorkerStep(0.010, 100, 200, 3, 0.001)}] * 4
+    gets = [{0: 1, 1: 0}] * 4
+    s = sample_of(2, steps, gets, step_s=0.02)
+    assert (s.cpu_s, s.fetch_cpu_s, s.miss_share) == pytest.approx((0.010, 0.004, 0.5))
+
+
+def test_steps_follow_the_engines_rule_and_the_cache():
+    assert epoch_steps(2, 144, 32) == 9 and epoch_steps(1, 144, 4) == 36 and epoch_steps(0.01, 144, 8) == 1
+    assert miss_share(0, 8, 1.0) == 1.0  # the first epoch reads every part
+    assert miss_share(1, 8, 1.0) == pytest.approx(1 - 1 / 8)  # re-striped: a part is new with chance 7/8
+    assert miss_share(5, 2, 0.25) == pytest.approx(0.75)  # a cache of a quarter keeps at most a quarter
+
+
+def test_progress_to_a_target_from_profiles_with_its_spread():
+    units = np.linspace(0.1, 2.0, 12)
+
+    def curve(scale):
+        return 0.5 + 0.4 * (units * scale + 1) ** -1.0
+
+    # The target is past both profiles' ends: extrapolated, and the two sizes disagree a little.
+    progress = fit_progress({2: (units, curve(1.0)), 4: (units, curve(1.1))}, target=0.56)
+    exact = (0.4 / 0.06) - 1
+    assert progress.low < progress.units < progress.high
+    assert progress.high == pytest.approx(exact, rel=0.02)
+    # The second curve is stretched, not of the law's family: its fit lands within 6 %.
+    assert progress.low == pytest.approx(exact / 1.1, rel=0.06)
+    with pytest.raises(ValueError, match="reaches the target"):
+        fit_progress({2: (units, curve(1.0))}, target=0.45)  # below the floor
+
+
+def test_pareto_front_and_recommendation():
+    rows = [
+        {"workers": 1, "seconds": 10.0, "usd": 0.001, "perf_per_dollar": 100.0},
+        {"workers": 2, "seconds": 6.0, "usd": 0.002, "perf_per_dollar": 83.3},
+        {"workers": 4, "seconds": 7.0, "usd": 0.004, "perf_per_dollar": 35.7},  # dominated by 2
+        {"workers": 8, "seconds": 4.0, "usd": 0.008, "perf_per_dollar": 31.2},
+    ]
+    assert [rows[i]["workers"] for i in pareto_front(rows)] == [8, 2, 1]
+    assert recommend(rows)[0] == 0
+    assert recommend(rows, max_seconds=6.5)[0] == 1  # the cheapest within the time
+    assert recommend(rows, max_usd=0.005)[0] == 1  # the fastest within the budget
+    assert recommend(rows, max_seconds=1.0)[0] is None
+
+
+# ------------------------------------------------------------------- the cost guard
+
+PRICES = {"worker_usd_s": 2.88e-5, "fixed_usd_s": 3.5e-5}
+
+
+def knee_run(tuner: ScaleInTuner, *, workers: int = 8, step_s=lambda p: 0.1, steps: int = 1500):
+    """A loss with a knee, as the tuner's tests drive it; returns the fleet sizes taken."""
+    p, elapsed, sizes = workers, 0.0, []
+    for step in range(steps):
+        elapsed += step_s(p)
+        tuner.observe(step, elapsed, 1 / (0.02 * step + 1) + 0.5, p)
+        if tuner.decide(elapsed, p) is not None:
+            p -= 1
+        sizes.append(p)
+    return sizes
+
+
+def test_the_guard_refuses_an_eviction_the_model_says_cannot_pay():
+    # Under sync.combine sum (γ = 1) a worker fewer needs 8/7 the steps; a CPU-bound step
+    # is no faster with fewer peers, so the remaining work takes longer and costs about
+    # as much: T'/T = 8/7 + 2 settling steps of the R left (the time so far over a step),
+    # so the predicted Perf/$ is about 0.265/0.237 / (8/7)² ≈ 0.86. The knee's eviction is refused.
+    guarded = ScaleInTuner(min_workers=2, throughput_tolerance=1.0, progress_exponent=1.0, **PRICES)
+    sizes = knee_run(guarded)
+    assert set(sizes) == {8}
+    refusal = guarded.decisions[0]
+    assert refusal["at_knee"] and not refusal["evict"]
+    assert refusal["predicted_gain"] == pytest.approx(
+        (8 * 2.88e-5 + 3.5e-5) / (7 * 2.88e-5 + 3.5e-5) / (8 / 7 + 2 / (refusal["remaining_s"] / 0.1)) ** 2, rel=1e-3
+    )
+    assert refusal["predicted_gain"] < 1
+    # Without prices (the guard off) the same run evicts at the knee.
+    assert min(knee_run(ScaleInTuner(min_workers=2, throughput_tolerance=1.0, progress_exponent=1.0))) < 8
+
+
+def test_the_guard_takes_evictions_that_pay_and_reports_their_realised_effect():
+    # Under the mean (γ = 0) with a step that grows with the peers, fewer workers are both
+    # sooner and cheaper: the guard lets the tuner go on, and each eviction's record gets
+    # the step time measured afterwards beside the one predicted.
+    guarded = ScaleInTuner(min_workers=4, throughput_tolerance=1.0, progress_exponent=0.0, **PRICES)
+    sizes = knee_run(guarded, step_s=lambda p: 0.05 + 0.01 * p)
+    assert min(sizes) < 8
+    taken = [d for d in guarded.decisions if d["evict"]]
+    assert taken and all(d["predicted_gain"] > 1 + guarded.cost_margin for d in taken)
+    realised = [d for d in taken if "realised_gain" in d]
+    assert realised
+    for d in realised:
+        assert d["realised_step_s"] == pytest.approx(0.05 + 0.01 * (d["workers"] - 1), rel=1e-6)
+        assert math.isfinite(d["realised_gain"]) and d["realised_gain"] > 1
+    # The guard's settings survive a checkpoint.
+    assert ScaleInTuner.from_state_dict(guarded.state_dict()).config() == guarded.config()
+
+
+# ------------------------------------------------------------ ebb train's one-line note
+
+
+def _report(model: str, *, workers: int = 8, steps: int = 400, apply_share: float = 0.5) -> dict:
+    from ebb.spec import load_spec
+
+    spec = load_spec(overrides={"data": "d", "model": model, "workers": workers, "clock.kind": "fleet"})
+    cpu = 0.02  # the busiest worker's CPU a step, half of it applying the 7 peers' updates
+    return {
+        "status": "early_stopped",
+        "spec": spec.model_dump(mode="json"),
+        "workers": {"initial": workers, "final": workers},
+        "steps": steps,
+        "epochs": steps * workers / 160,
+        "totals": {
+            "cpu_critical_seconds": cpu * steps,
+            "timing_seconds": {"fetch": 0.0, "compute": 1 - apply_share, "filter": 0.0, "apply": apply_share},
+            "bytes_sent": 100_000 * steps * workers,
+            "bytes_received": 100_000 * (workers - 1) * steps * workers,
+            "reports": steps * workers,
+        },
+    }
+
+
+def test_train_notes_a_smaller_fleet_that_is_sooner_and_cheaper_only_when_there_is_one():
+    # (On the README's quick-start ratings, 8 workers on the fleet clock, early stopping, the
+    # note said 1 worker: 7.6 s and $0.0008 against the run's 13.5 s and $0.0041.)
+    from ebb.plan.cli import smaller_fleet_note
+
+    # PMF (combine mean): a smaller fleet takes the same steps, each with fewer peers to
+    # apply and read: sooner and cheaper, so the run says so in one line.
+    note = smaller_fleet_note(_report("pmf"))
+    assert note is not None and note.startswith("note: 1 worker would likely have been sooner") and "\n" not in note
+    # Sparse LR (combine sum): a smaller fleet needs proportionally more steps: no note.
+    assert smaller_fleet_note(_report("sparse_lr")) is None
+    # A lone worker, or a failed run, is not judged.
+    assert smaller_fleet_note(_report("pmf", workers=1)) is None
+    assert smaller_fleet_note({**_report("pmf"), "status": "failed"}) is None

@@ -1,0 +1,210 @@
+"""ebb tune's search, without training: the space, the rungs, ASHA's promotions, the $
+budget and resuming, driven by a made-up objective (a formula of the settings and the
+epochs with a price per epoch) in place of the engine."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+from ebb.spec import SpecError
+from ebb.tune.scheduler import Job, Outcome, Search
+from ebb.tune.space import QUICK, TuneSpec, parse_param, split_job_file, tune_spec
+
+USD_PER_EPOCH = 0.001
+
+
+def planted(params: dict, epochs: float) -> float:
+    """A validation curve: falls with epochs towards a floor that is lowest for rank 20 and
+    lr near 0.02 (rank 20 is clearly better than any other rank at any lr)."""
+    floor = 1.0 + (0.0 if params["hyper.rank"] == 20 else 0.3) + 0.05 * math.log10(params["hyper.lr"] / 0.02) ** 2
+    return floor + 0.5 / (1.0 + epochs)
+
+
+class FakeTrials:
+    """Trains jobs 'instantly': each epoch costs USD_PER_EPOCH, and like the engine's
+    stop.budget_usd a job stops before an epoch that would pass its budget."""
+
+    def __init__(self):
+        self.trained: dict[int, float] = {}  # trial -> epochs trained, summed over its jobs
+
+    def run(self, search: Search, job: Job) -> Outcome:
+        t = search.trials[job.trial]
+        assert job.from_epochs == t.epochs, "a promoted trial resumes where it paused"
+        epochs, status = job.to_epochs - job.from_epochs, "paused" if job.rung < search.top else "max_epochs"
+        if job.budget_usd is not None:
+            affordable = math.floor((job.budget_usd - t.cost_usd) / USD_PER_EPOCH + 1e-9)
+            if affordable < epochs:
+                epochs, status = affordable, "budget"
+        self.trained[t.id] = self.trained.get(t.id, 0.0) + epochs
+        done = job.from_epochs + epochs
+        curve = [[e, planted(t.params, e)] for e in range(1, int(done) + 1)]
+        return Outcome(
+            epochs=done,
+            best_val=min((v for _, v in curve), default=None),
+            cost_usd=t.cost_usd + epochs * USD_PER_EPOCH,
+            wall_seconds=done,
+            status=status,
+            curve=curve,
+        )
+
+
+def drive(search: Search, trials: FakeTrials, stop_after: int | None = None) -> int:
+    """Run the search job by job (one at a time); stop after ``stop_after`` jobs if given."""
+    n = 0
+    while (job := search.next_job()) is not None:
+        search.job_done(job, trials.run(search, job))
+        n += 1
+        if stop_after is not None and n == stop_after:
+            break
+    return n
+
+
+SPACE = {"hyper.lr": {"log_uniform": [0.002, 0.2]}, "hyper.rank": {"choice": [5, 10, 20, 40]}}
+
+
+def _spec(**fields) -> TuneSpec:
+    return TuneSpec.model_validate({"trials": 12, "eta": 3, "min_epochs": 1, "max_epochs": 9, "space": SPACE, **fields})
+
+
+def test_rungs_are_min_epochs_times_eta_to_the_k_ending_at_max_epochs():
+    assert _spec().rungs() == [1, 3, 9]
+    assert _spec(min_epochs=2, max_epochs=10).rungs() == [2, 6, 10]
+    assert _spec(scheduler="none").rungs() == [9]
+
+
+def test_a_space_reaches_any_hyper_or_sync_field_and_refuses_others():
+    field, param = parse_param("hyper.lr=log_uniform:0.001,0.1")
+    assert field == "hyper.lr" and param.distribution() == FloatDistribution(0.001, 0.1, log=True)
+    assert parse_param("hyper.rank=uniform:8,32")[1].distribution() == IntDistribution(8, 32)
+    assert parse_param("sync.mode=choice:bsp,isp")[1].distribution() == CategoricalDistribution(["bsp", "isp"])
+    with pytest.raises(SpecError, match="not a hyper.. or sync.. field"):
+        parse_param("stop.patience_evals=uniform:1,5")
+    with pytest.raises(SpecError, match="above 0"):
+        parse_param("hyper.l2=log_uniform:0,1")
+    with pytest.raises(SpecError, match="hyper.optimizer"):
+        parse_param("hyper.optimizer=choice:sgd_momentum,lbfgs")
+    with pytest.raises(SpecError, match="write FIELD=KIND"):
+        parse_param("hyper.lr=between:1,2")
+
+
+def test_quick_space_per_model_and_flags_over_the_job_files_section():
+    quick = tune_spec(None, "pmf", {}, [], quick=True)
+    assert set(quick.space) == {"hyper.lr", "hyper.l2", "hyper.optimizer", "hyper.rank"}
+    assert set(tune_spec(None, "sparse_lr", {}, [], quick=True).space) == {"hyper.lr", "hyper.l2"}
+    section = {"trials": 4, "space": {"hyper.l2": {"uniform": [0.0, 0.2]}}}
+    spec = tune_spec(section, "pmf", {"trials": 7, "budget_usd": None}, ["hyper.lr=log_uniform:0.01,0.1"], quick=False)
+    assert spec.trials == 7 and set(spec.space) == {"hyper.l2", "hyper.lr"}
+    merged = tune_spec(section, "pmf", {}, [], quick=True)  # the file's space adds to --quick's
+    assert set(merged.space) == set(QUICK["pmf"]["space"]) | {"hyper.l2"} and merged.trials == 4
+    with pytest.raises(SpecError, match="nothing to search"):
+        tune_spec(None, "pmf", {}, [], quick=False)
+    with pytest.raises(SpecError, match="tune.max_epochs"):
+        tune_spec({"max_epochs": 0}, "pmf", {}, [], quick=True)
+
+
+def test_a_job_files_tune_section_is_split_from_the_job(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("model: pmf\ndata: d\ntune:\n  trials: 5\n  space:\n    hyper.lr: {log_uniform: [0.01, 0.1]}\n")
+    section, rest = split_job_file(str(job))
+    assert section["trials"] == 5 and "tune" not in rest and "data: d" in rest
+    job.write_text("model: pmf\ndata: d\n")
+    assert split_job_file(str(job)) == (None, None)
+
+
+def test_asha_promotes_the_planted_best_and_trains_only_the_promoted_further():
+    search, trials = Search(_spec()), FakeTrials()
+    drive(search, trials)
+    assert len(search.trials) == 12
+    best = search.best()
+    assert best is not None and best.params["hyper.rank"] == 20 and best.rung == search.top
+    # The best of every rung went on; those that went on were the best 1/eta when they did
+    # (ASHA never takes a promotion back, so more than 1/eta of the final field may have).
+    for k in range(search.top):
+        reached = [t for t in search.trials if k in t.scores]
+        went_on = [t for t in reached if k + 1 in t.scores]
+        assert min(reached, key=lambda t: t.scores[k]) in went_on
+        assert len(went_on) < len(reached)
+    top = [t for t in search.trials if search.top in t.scores]
+    assert min(top, key=lambda t: t.scores[search.top]) is best
+    # Successive halving: far fewer epochs than every trial trained to the end.
+    assert sum(trials.trained.values()) < 12 * 9 / 2
+    # Every trial's jobs are contiguous: nothing was trained twice.
+    for t in search.trials:
+        spans = [(x["from_epochs"], x["to_epochs"]) for x in search.launches if x["trial"] == t.id]
+        assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+        assert trials.trained[t.id] == t.epochs
+
+
+def test_random_search_without_halving_trains_every_trial_to_the_end():
+    search, trials = Search(_spec(scheduler="none", sampler="random", trials=5)), FakeTrials()
+    drive(search, trials)
+    assert [t.epochs for t in search.trials] == [9] * 5
+
+
+@pytest.mark.parametrize("budget", [0.004, 0.02, 0.05])
+def test_the_budget_is_never_passed(budget):
+    search, trials = Search(_spec(budget_usd=budget)), FakeTrials()
+    drive(search, trials)
+    assert search.spent_usd <= budget + 1e-12
+    assert search.spent_usd > 0
+    if budget < 12 * USD_PER_EPOCH:  # less than one epoch for every trial: the budget, not the trials, ended it
+        assert len(search.trials) < 12
+
+
+def test_a_search_resumed_from_its_state_carries_on_without_training_anything_twice():
+    spec, trials = _spec(), FakeTrials()
+    first = Search(spec)
+    drive(first, trials, stop_after=7)
+    running = first.next_job()  # started, then the process is killed
+    assert running is not None
+    state = first.state_dict()
+    again = Search(spec, state)
+    interrupted = again.interrupted_jobs()
+    assert [j.trial for j in interrupted] == [running.trial]
+    for job in interrupted:
+        again.start(job)
+        again.job_done(job, trials.run(again, job))
+    drive(again, trials)
+    assert len(again.trials) == 12
+    for t in again.trials:
+        assert trials.trained[t.id] == t.epochs  # each epoch trained once, across the kill
+    assert again.best() is not None and again.best().params["hyper.rank"] == 20
+    # The study knows the trials sampled before the kill (TPE learns from them).
+    assert len(again.study.trials) == len([t for t in again.trials if 0 in t.scores])
+
+
+def test_failed_and_early_stopped_trials():
+    search = Search(_spec(trials=3))
+    jobs = [search.next_job() for _ in range(3)]
+    assert all(j is not None for j in jobs) and {j.rung for j in jobs} == {0}
+    search.job_done(
+        jobs[0], Outcome(epochs=1, best_val=None, cost_usd=0.0, wall_seconds=1, status="failed", error="diverged")
+    )
+    search.job_done(jobs[1], Outcome(epochs=1, best_val=0.9, cost_usd=0.0, wall_seconds=1, status="early_stopped"))
+    search.job_done(jobs[2], Outcome(epochs=1, best_val=1.1, cost_usd=0.0, wall_seconds=1, status="paused"))
+    failed, stopped, paused = search.trials
+    assert failed.done and not failed.scores
+    assert stopped.done and stopped.scores == {0: 0.9, 1: 0.9, 2: 0.9}  # it stands at every rung
+    assert search.best() is stopped
+    # Closing (no trials to come): the best of rung 0 already stands at the top, so the
+    # weaker one is not trained further.
+    assert search.next_job() is None and not paused.done
+
+
+@pytest.mark.parametrize("sampler", ["random", "qmc", "tpe"])
+def test_every_trial_gets_settings_of_its_own(sampler):
+    search = Search(_spec(sampler=sampler, scheduler="none", trials=8))
+    jobs = [search.next_job() for _ in range(8)]  # all sampled while none has a score (running at once)
+    assert all(j is not None for j in jobs)
+    lrs = [t.params["hyper.lr"] for t in search.trials]
+    assert len(set(lrs)) == 8
+
+
+def test_tpe_after_qmc_draws_no_earlier_point_again():
+    search, trials = Search(_spec(trials=12)), FakeTrials()
+    drive(search, trials)
+    lrs = [t.params["hyper.lr"] for t in search.trials]
+    assert len(set(lrs)) == len(lrs) == 12
