@@ -58,9 +58,9 @@ _GAPS, _MASKED, _BITMAP, _Q8, _F16, _SAME, _SUBSET = 1, 2, 4, 8, 16, 32, 64
 Q8_MIN_DIM = 4  # narrower rows pay more for a per-row scale than int8 saves: float16
 _F16_MAX = 65504.0
 # Adding one scalar by flat index costs about this many entries of a whole-row add
-# (torch's index_add_ over rows is vectorised); below 1/_ELEMENT_COST of a masked
+# (torch's index_add_ over rows is vectorised); below 1/ELEMENT_COST of a masked
 # entry's values present, a decoded update keeps single entries, above it whole rows.
-_ELEMENT_COST = 4
+ELEMENT_COST = 4
 
 Elements = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (row, flat index into the param, value)
 Packed = tuple[torch.Tensor, torch.Tensor | None]  # (int8 codes, bfloat16 row scales) or (float16 values, None)
@@ -240,7 +240,7 @@ class RowUpdate:
                 off += k * width
                 (nnz,) = _U32.unpack_from(buf, off)
                 off += _U32.size
-                if nnz * _ELEMENT_COST < k * dim and native.available():
+                if nnz * ELEMENT_COST < k * dim and native.available():
                     if flags & _Q8:
                         scales, codes, off = _q8_parts(buf, off, k, nnz)
                         row, flat, carried = native.mask_elements(masks, dim, idx.numpy(), nnz, codes, scales)
@@ -249,7 +249,7 @@ class RowUpdate:
                         carried, off = _decode_values(buf, off, flags, k, nnz, None)
                     elements[name] = (torch.from_numpy(row), torch.from_numpy(flat), torch.from_numpy(carried))
                     continue
-                if nnz * _ELEMENT_COST < k * dim:
+                if nnz * ELEMENT_COST < k * dim:
                     pos = np.flatnonzero(np.unpackbits(masks, axis=1, count=dim, bitorder="little").view(bool))
                     row_of = pos // dim
                     carried, off = _decode_values(buf, off, flags, k, nnz, row_of)

@@ -319,3 +319,23 @@ def test_a_workers_part_cache_budget_defaults_to_a_quarter_of_its_memory():
     spec = load_spec(overrides={"model": "pmf", "data": "x", "aws.memory_mb": 2048})
     assert spec.aws.part_cache_bytes() == 512 << 20
     assert load_spec(overrides={"model": "pmf", "data": "x", "aws.part_cache_mb": 0}).aws.part_cache_bytes() == 0
+
+
+def test_the_report_gives_the_cpu_of_a_worker_step_by_phase(small_ratings, tmp_path):
+    """totals.cpu_ms_per_worker_step: CPU (not wall) per phase over every worker-step, and
+    the busiest worker's CPU per step, so a job's step can be broken down from its report."""
+    data_dir, _ = small_ratings
+    spec = engine_spec(data_dir, tmp_path, workers=3, **{"sync.mode": "isp", "stop.max_epochs": 1})
+    signals = RecordingChannel()
+    report, _ = run_local(spec, in_process=True, signals=signals)
+    totals = report["totals"]
+    steps = [m for m in signals.log if m.kind == "step"]
+    assert totals["worker_steps"] == len(steps) == 3 * report["steps"]
+    per_step = totals["cpu_ms_per_worker_step"]
+    assert {"fetch", "compute", "filter", "write", "read", "apply", "wait"} <= set(per_step)
+    summed = {p: sum(m.cpu_timing.get(p, 0.0) for m in signals.log) for p in per_step}
+    for phase, ms in per_step.items():
+        assert ms == pytest.approx(1000 * summed[phase] / len(steps), abs=1e-3)
+    assert totals["busiest_cpu_ms_per_step"] == pytest.approx(
+        1000 * totals["cpu_critical_seconds"] / report["steps"], rel=1e-2, abs=1e-3
+    )

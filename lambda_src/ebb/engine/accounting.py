@@ -17,14 +17,19 @@ from ebb.spec import JobSpec
 LOSS_EWMA = 0.3  # weight of the newest step in a worker's recent loss (whom an eviction picks)
 
 
-def count_report(totals: Totals, timing: dict[str, float], report: Report) -> None:
-    """What every report adds: bytes read, object reads, CPU, the phases' seconds."""
+def count_report(
+    totals: Totals, timing: dict[str, float], report: Report, cpu_timing: dict[str, float] | None = None
+) -> None:
+    """What every report adds: bytes read, object reads, CPU, the phases' seconds (wall, and CPU)."""
     totals.bytes_received += report.read_bytes
     totals.object_gets += report.object_gets
     totals.reports += 1
     totals.cpu_seconds += report.cpu_seconds
     for phase, seconds in report.timing.items():
         timing[phase] = timing.get(phase, 0.0) + seconds
+    if cpu_timing is not None:
+        for phase, seconds in report.cpu_timing.items():
+            cpu_timing[phase] = cpu_timing.get(phase, 0.0) + seconds
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ def close_step(
 ) -> ClosedStep:
     """Count a closed step's reports into ``state`` and move its cursor past the step."""
     for r in reports.values():
-        count_report(state.totals, state.timing, r)
+        count_report(state.totals, state.timing, r, state.cpu_timing)
     loss = loss_of(sum(r.loss_sum for r in reports.values()), sum(r.samples for r in reports.values()))
     # The workers step their cursor past every position of the step, a lost worker's too.
     state.cursor += len(next(iter(reports.values())).members)
@@ -54,6 +59,7 @@ def _count_step(totals: Totals, reports: Mapping[int, StepReport]) -> tuple[int,
     steps = reports.values()
     sent = sum(r.sent_bytes for r in steps)
     totals.bytes_sent += sent
+    totals.worker_steps += len(reports)
     # With a core per worker a step takes as long as its busiest worker's CPU.
     totals.cpu_critical_seconds += max(r.cpu_seconds for r in steps)
     totals.updates_sent += sum(not r.empty for r in steps)

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from ebb.sparse import RowUpdate
+from ebb import native
+from ebb.sparse import ELEMENT_COST, RowUpdate
 
 
 class RowMean:
@@ -52,10 +53,27 @@ class RowMean:
         self.counts = {n: torch.zeros(p.shape[0]) for n, p in params.items()}
         self._ones = torch.ones(max(p.shape[0] for p in params.values()))  # increments, sliced per update
 
+    def apply_wire(self, params: dict[str, torch.Tensor], sources: list[bytes | RowUpdate]) -> None:
+        """``apply`` of a step's contributions as they arrive: peers' payloads still encoded
+        (``bytes``) and the worker's own update in its slot. With the compiled kernels
+        every payload is decoded and added in one call, straight from the wire, bit for
+        bit what decoding each and ``apply`` give (which is the fallback)."""
+        own = [s for s in sources if isinstance(s, RowUpdate)]
+        if len(own) <= 1 and all(u.touched is None and not u.elements for u in own):
+            wire = [s.rows if isinstance(s, RowUpdate) else s for s in sources]
+            if native.apply_payloads(
+                params, self.counts, wire, self._divides(len(sources)), self.per or 1.0, ELEMENT_COST
+            ):
+                return
+        self.apply(params, [s if isinstance(s, RowUpdate) else RowUpdate.decode(s) for s in sources])
+
+    def _divides(self, contributions: int) -> bool:
+        # The sum of no more contributions than its cap divides nothing: it skips the count.
+        return self.per is not None and (self.per == 1.0 or contributions > self.per)
+
     def apply(self, params: dict[str, torch.Tensor], contributions: list[RowUpdate], scale: float = 1.0) -> None:
         """``params += scale * row_mean(contributions)`` (or their sum, capped)."""
-        # The sum of no more contributions than its cap divides nothing: it skips the count.
-        divide = self.per is not None and (self.per == 1.0 or len(contributions) > self.per)
+        divide = self._divides(len(contributions))
         for name, param in params.items():
             counts = self.counts[name] if divide else None
             touched = (

@@ -69,6 +69,16 @@ def best_replica(checkpoints: ObjectStore) -> tuple[dict[str, np.ndarray], dict[
     return decode_batch(checkpoints.get(BEST_REPLICA_KEY)), meta
 
 
+def cpu_per_worker_step(state: SupervisorState) -> dict[str, Any]:
+    """The CPU of a worker-step by phase (ms, the mean over every worker's steps) and the
+    busiest worker's CPU per step (ms, the mean over steps): the issue-28 table of any job."""
+    steps, n = state.clock + 1, state.totals.worker_steps
+    return {
+        "cpu_ms_per_worker_step": {k: round(1000 * v / n, 4) for k, v in sorted(state.cpu_timing.items())} if n else {},
+        "busiest_cpu_ms_per_step": round(1000 * state.totals.cpu_critical_seconds / steps, 4) if steps > 0 else None,
+    }
+
+
 def build_report(
     spec: JobSpec, state: SupervisorState, test_metrics: dict[str, float], finalize_seconds: float
 ) -> dict[str, Any]:
@@ -88,6 +98,8 @@ def build_report(
             "cpu_critical_seconds": round(totals["cpu_critical_seconds"], 3),
             "sent_fraction": sent_nnz / local_nnz if local_nnz else 0.0,
             "timing_seconds": {k: round(v, 4) for k, v in sorted(state.timing.items())},
+            "cpu_timing_seconds": {k: round(v, 4) for k, v in sorted(state.cpu_timing.items())},
+            **cpu_per_worker_step(state),
         }
     )
     history = state.history

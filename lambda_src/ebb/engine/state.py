@@ -38,6 +38,7 @@ class Totals(_State):
     reports: int = 0
     cpu_seconds: float = 0.0  # the workers' process time, scoring excluded
     cpu_critical_seconds: float = 0.0  # per step the busiest worker's, summed
+    worker_steps: int = 0  # step reports counted (the divisor of the CPU per worker-step)
 
 
 class Best(_State):
@@ -111,6 +112,7 @@ class SupervisorState(_State):
     faults: list[dict[str, Any]] = Field(default_factory=list)  # rounds run again, and why
     totals: Totals = Field(default_factory=Totals)
     timing: dict[str, float] = Field(default_factory=dict)  # seconds per phase, summed over workers
+    cpu_timing: dict[str, float] = Field(default_factory=dict)  # CPU seconds per phase, summed over workers
     stop: StopState = Field(default_factory=StopState)
     recent_loss: dict[int, float] = Field(default_factory=dict)  # per worker, an EWMA of its step losses
     overheads: Overheads = Field(default_factory=Overheads)

@@ -197,7 +197,7 @@ class Supervisor:
                 when = f"after step {r.step}" if r.step >= 0 else "before its first step"
                 raise EngineError(f"worker {r.worker} failed {when}: {r.error}")
             if self.inbox.take_end(r, at=self.time.elapsed()):  # (a step's reports count when it closes)
-                accounting.count_report(s.totals, s.timing, r)
+                accounting.count_report(s.totals, s.timing, r, s.cpu_timing)
                 s.checkpoint_puts += 1 if r.checkpoint else 0
             return
         if not self.inbox.take_step(r, closed_upto=s.clock):

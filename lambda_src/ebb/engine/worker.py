@@ -202,6 +202,7 @@ class Worker:
                 cpu_seconds=cpu,
                 object_gets=self.parts.gets,
                 timing=self.timer.take(),
+                cpu_timing=self.timer.take_cpu(),
                 pending_nnz=self.filter.pending_nnz() if self.filter and outcome == "evicted" else 0,
             )
         )
@@ -337,6 +338,7 @@ class Worker:
                 object_gets=self.parts.gets,
                 requests=self.requests + 2,  # this announcement and the go that answers it
                 timing=self.timer.take(),
+                cpu_timing=self.timer.take_cpu(),
                 scoring=self._scoring,
             )
         )
@@ -406,13 +408,14 @@ class Worker:
             self.timer.lap("read")
             own = self.own.pop(k, None)
             # Worker-id order, own update in its slot: every replica adds the same numbers.
-            contributions = []
+            # The payloads go in encoded: the compiled kernel decodes and adds them all in one call.
+            sources: list[bytes | RowUpdate] = []
             for q in members:
                 if q == self.me and own is not None:
-                    contributions.append(own)
+                    sources.append(own)
                 elif q in payloads:
-                    contributions.append(RowUpdate.decode(payloads[q]))
-            self.row_mean.apply(self.model.params, contributions)
+                    sources.append(payloads[q])
+            self.row_mean.apply_wire(self.model.params, sources)
             if self.mode == "ssp" and own is not None:
                 self.model.apply(own, scale=-1.0)  # it was applied at once; the mean replaces it
             self.timer.lap("apply")

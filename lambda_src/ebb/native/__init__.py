@@ -10,12 +10,14 @@ with ctypes. Without it, or with ``EBB_NATIVE=0``, every caller falls back to nu
 Both paths give bit-identical results, so a fleet may mix them. ``train.c``, built into
 the same library, holds the training steps (``ebb.models.compiled``, whose fallback is
 the models' torch path) and ``add_rows``, the scatter of a local update into a replica.
+``apply_payloads`` adds a whole step's payloads into a replica straight from the wire.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from ebb.native.build import LIBRARY
 
 _FORMS = {None: 0, "q8": 1, "f16": 2}  # the kernel's `quantize` argument
 
-KERNELS_VERSION = 5  # kernels.c's ebb_kernels_version(): a library that says otherwise is stale
+KERNELS_VERSION = 6  # kernels.c's ebb_kernels_version(): a library that says otherwise is stale
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -52,6 +54,8 @@ def _load(path: Path = LIBRARY) -> ctypes.CDLL | None:
         lib.ebb_sparse_lr_step.argtypes = (_P, _P, _P, _P, _P, _I, _P, _I, _F, _P, _P, _P)
         lib.ebb_add_rows.restype = ctypes.c_int
         lib.ebb_add_rows.argtypes = (_P, _I, _I, _P, _I, _P, _F, _P)
+        lib.ebb_apply_payloads.restype = _I
+        lib.ebb_apply_payloads.argtypes = (_I, _P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, ctypes.c_int, _F, _I)
     except (OSError, AttributeError):  # built for another machine, or stale: numpy does the work
         return None
     return lib
@@ -238,4 +242,88 @@ def add_rows(table: torch.Tensor, rows: torch.Tensor, vals: torch.Tensor, scale:
         ctypes.addressof(opt),
     ):
         raise IndexError(f"an update's row is out of range of a table of {table.shape[0]} rows")
+    return True
+
+
+_APPLY_ERRORS = {
+    -1: (ValueError, "corrupt update: a payload's entries run past its end or disagree with their header"),
+    -2: (IndexError, "an update's row is out of range of its table"),
+    -3: (ValueError, "an update's rows are not as wide as its table's"),
+    -4: (MemoryError, "no memory to decode a step's updates"),
+}
+
+
+def apply_payloads(
+    tables: dict[str, torch.Tensor],
+    counts: dict[str, torch.Tensor],
+    sources: Sequence[bytes | dict[str, tuple[torch.Tensor, torch.Tensor]]],
+    divide: bool,
+    per: float,
+    element_cost: int,
+) -> bool:
+    """Add a step's updates into ``tables`` in one compiled call, decoding each payload
+    straight from the wire: what ``RowMean.apply`` does with each payload's
+    ``RowUpdate.decode``, bit for bit (see kernels.c, ``ebb_apply_payloads``).
+
+    ``sources`` in order: encoded payloads (``bytes``), and at most one in-memory update
+    as {name: (rows int64 [k], values float32 [k, dim])}. ``counts``: RowMean's zeroed
+    per-row float32 scratch. False (nothing done) where the kernels do not run or a table
+    is not a contiguous float32 [N, dim]: the caller decodes and applies in Python.
+    Raises ValueError, IndexError or MemoryError, having written nothing, for a payload
+    it cannot apply.
+    """
+    if _lib is None:
+        return False
+    names = list(tables)
+    for name in names:
+        t, c = tables[name], counts[name]
+        if t.dtype != torch.float32 or t.dim() != 2 or not t.is_contiguous() or c.dtype != torch.float32:
+            return False
+    n, p = len(sources), len(names)
+    bufs, lens = (ctypes.c_void_p * n)(), (ctypes.c_int64 * n)()
+    own_at, keep = -1, []
+    own_rows, own_vals, own_k = (ctypes.c_void_p * p)(), (ctypes.c_void_p * p)(), (ctypes.c_int64 * p)(*([-1] * p))
+    for s, source in enumerate(sources):
+        if isinstance(source, dict):
+            if own_at >= 0:
+                return False
+            own_at = s
+            for i, name in enumerate(names):
+                entry = source.get(name)
+                if entry is None or not entry[0].numel():
+                    continue
+                rows = entry[0].to(torch.int64).contiguous()
+                vals = entry[1].to(torch.float32).reshape(rows.numel(), -1).contiguous()
+                if vals.shape[1] != tables[name].shape[1]:
+                    return False
+                keep += [rows, vals]
+                own_rows[i], own_vals[i], own_k[i] = rows.data_ptr(), vals.data_ptr(), rows.numel()
+        else:
+            array = np.frombuffer(source, dtype=np.uint8)
+            keep.append(array)
+            bufs[s], lens[s] = array.ctypes.data, array.size
+    raw = [name.encode() for name in names]
+    ptrs = ctypes.c_void_p * p
+    status = _lib.ebb_apply_payloads(
+        n,
+        bufs,
+        lens,
+        own_at,
+        p,
+        b"".join(raw),
+        (ctypes.c_int64 * p)(*map(len, raw)),
+        ptrs(*(tables[m].data_ptr() for m in names)),
+        (ctypes.c_int64 * p)(*(tables[m].shape[0] for m in names)),
+        (ctypes.c_int64 * p)(*(tables[m].shape[1] for m in names)),
+        ptrs(*(counts[m].data_ptr() for m in names)),
+        own_rows,
+        own_vals,
+        own_k,
+        int(divide),
+        per,
+        element_cost,
+    )
+    if status:
+        error, message = _APPLY_ERRORS.get(status, (RuntimeError, f"ebb_apply_payloads returned {status}"))
+        raise error(message)
     return True

@@ -7,11 +7,12 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ebb.native loads a library only if this matches its KERNELS_VERSION: bump both when a
  * kernel's signature or meaning changes, so a stale build is never called. */
-int ebb_kernels_version(void) { return 5; }
+int ebb_kernels_version(void) { return 6; }
 
 /* Whether a kernel may use the CPU's vector instructions (where it has a path for them);
  * the tests turn it off to check the portable path gives the same bits. Returns the old. */
@@ -272,4 +273,434 @@ int64_t ebb_isp_filter(float *restrict table, int64_t dim, const int64_t *restri
     }
     for (int64_t r = 0; r < k; r++) memcpy(table + rows[r] * dim, delta + r * dim, (size_t)dim * sizeof(float));
     return q;
+}
+
+/* ---- Applying a step's updates: every payload decoded and added in one call ----
+ *
+ * What ebb.engine.aggregate.RowMean.apply does with ebb.sparse.RowUpdate.decode of each
+ * payload, straight from the wire (the EBU4 format, ebb/sparse.py) into the replica, with
+ * no decoded arrays and no Python per payload: the same float32 operations in the same
+ * order (contributions in the order given, each row's toucher counts first), so the
+ * replica ends bit-identical to that path's.
+ *
+ * Sources, in order: n_src payloads (bufs[s], lens[s]); at position own_at (or none, -1)
+ * the worker's own update in memory: per table p, own_k[p] rows own_rows[p] (int64) with
+ * values own_vals[p] (float32 [own_k][dim]), own_k[p] < 0 when it has none.
+ * Tables: n_params float32 [n_rows[p]][dims[p]], named by names (concatenated UTF-8,
+ * name_lens[p] bytes each); counts[p] float32 [n_rows[p]], all zero, used as scratch and
+ * left zero. A payload entry of an unknown name is skipped, as RowMean skips it.
+ * divide: divide each row's values by max(1, touchers / per) (the row-wise mean: per 1;
+ * the capped sum: per = the cap). element_cost: ebb.sparse.ELEMENT_COST (a masked entry
+ * carrying fewer than 1/element_cost of its values decodes to single entries, which add
+ * only what they carry and, with no touched rows sent, count no toucher).
+ * Returns 0, or, having written nothing: -1 a corrupt payload, -2 a row out of range,
+ * -3 a width that is not its table's, -4 out of memory. */
+
+enum { W_GAPS = 1, W_MASKED = 2, W_BITMAP = 4, W_Q8 = 8, W_F16 = 16, W_SAME = 32, W_SUBSET = 64 };
+enum { APPLY_OK = 0, APPLY_CORRUPT = -1, APPLY_BAD_ROW = -2, APPLY_BAD_DIM = -3, APPLY_NO_MEMORY = -4 };
+
+typedef struct {
+    int param; /* index among the tables, -1: a name not among them */
+    int kind;  /* 0 values, 1 touched rows */
+    int flags;
+    int rows_form; /* values decoded as whole rows (else single entries) */
+    int64_t k, dim, nnz;
+    const int64_t *idx; /* k row ids */
+    int64_t *owned;     /* idx, when this entry allocated it */
+    const uint8_t *masks, *scales, *vals;
+    int64_t r, q; /* while adding: the next row, and the next carried value */
+} wire_entry;
+
+typedef struct {
+    int n;
+    int has_touched;
+    wire_entry *e;
+} wire_payload;
+
+static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t rd32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+
+/* float16 bits to float32, exactly, infinities and NaN included. */
+static float from_f16_any(uint16_t h) {
+    if (((h >> 10) & 0x1fu) != 0x1fu) return from_f16(h);
+    uint32_t bits = ((uint32_t)(h & 0x8000u) << 16) | 0x7f800000u | ((uint32_t)(h & 0x3ffu) << 13);
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static int64_t popcount_bits(const uint8_t *bits, int64_t n_bits) {
+    int64_t total = 0, whole = n_bits / 8;
+    for (int64_t b = 0; b < whole; b++) total += COUNT[bits[b]];
+    if (n_bits % 8) total += COUNT[bits[whole] & ((1u << (n_bits % 8)) - 1u)];
+    return total;
+}
+
+/* The positions of the set bits of a bitmap of n_bits (LSB first) in order, or of
+ * them the entries of `of`, into out: a word at a time, set bits only. */
+static void set_bits(const uint8_t *bits, int64_t n_bits, const int64_t *of, int64_t *out) {
+    int64_t q = 0;
+    for (int64_t base = 0; base < n_bits; base += 64) {
+        uint64_t word = 0;
+        const int64_t nbytes = n_bits - base >= 64 ? 8 : (n_bits - base + 7) / 8;
+        memcpy(&word, bits + base / 8, (size_t)nbytes); /* little-endian hosts (x86-64, aarch64) */
+        if (n_bits - base < 64) word &= (UINT64_C(1) << (n_bits - base)) - 1;
+        while (word) {
+            const int64_t r = base + __builtin_ctzll(word);
+            word &= word - 1;
+            out[q++] = of ? of[r] : r;
+        }
+    }
+}
+
+#define NEED(n)                                                  \
+    do {                                                         \
+        if ((int64_t)(n) < 0 || off + (int64_t)(n) > len) return APPLY_CORRUPT; \
+    } while (0)
+
+/* Read one payload's entries (their row ids materialised); checks every bound. */
+static int parse_payload(const uint8_t *buf, int64_t len, int64_t n_params, const uint8_t *names,
+                         const int64_t *name_lens, const int64_t *n_rows, const int64_t *dims, int64_t element_cost,
+                         wire_payload *out) {
+    int64_t off = 0;
+    NEED(6);
+    if (memcmp(buf, "EBU4", 4) != 0) return APPLY_CORRUPT;
+    const int n = rd16(buf + 4);
+    off = 6;
+    out->n = 0;
+    out->has_touched = 0;
+    out->e = calloc(n ? (size_t)n : 1u, sizeof(wire_entry));
+    if (!out->e) return APPLY_NO_MEMORY;
+    for (int i = 0; i < n; i++) {
+        wire_entry *e = &out->e[i];
+        out->n = i + 1; /* freed on error from here */
+        NEED(2);
+        const int64_t name_len = rd16(buf + off);
+        off += 2;
+        NEED(name_len + 10);
+        const uint8_t *name = buf + off;
+        off += name_len;
+        e->param = -1;
+        for (int64_t p = 0, at = 0; p < n_params; at += name_lens[p], p++)
+            if (name_lens[p] == name_len && memcmp(names + at, name, (size_t)name_len) == 0) e->param = (int)p;
+        e->kind = buf[off];
+        e->flags = buf[off + 1];
+        e->k = rd32(buf + off + 2);
+        e->dim = rd32(buf + off + 6);
+        off += 10;
+        const int64_t k = e->k;
+        if (e->kind > 1) return APPLY_CORRUPT;
+        /* the row ids */
+        if (e->flags & (W_SAME | W_SUBSET)) {
+            NEED(4);
+            const uint32_t j = rd32(buf + off);
+            off += 4;
+            if (j >= (uint32_t)i) return APPLY_CORRUPT;
+            const wire_entry *ref = &out->e[j];
+            if (e->flags & W_SAME) {
+                if (ref->k != k) return APPLY_CORRUPT;
+                e->idx = ref->idx;
+            } else {
+                const int64_t nbytes = (ref->k + 7) / 8;
+                NEED(nbytes);
+                if (popcount_bits(buf + off, ref->k) != k) return APPLY_CORRUPT;
+                e->owned = malloc((size_t)(k ? k : 1) * sizeof(int64_t));
+                if (!e->owned) return APPLY_NO_MEMORY;
+                set_bits(buf + off, ref->k, ref->idx, e->owned);
+                e->idx = e->owned;
+                off += nbytes;
+            }
+        } else {
+            e->owned = malloc((size_t)(k ? k : 1) * sizeof(int64_t));
+            if (!e->owned) return APPLY_NO_MEMORY;
+            e->idx = e->owned;
+            if (e->flags & W_GAPS) {
+                if (k < 1) return APPLY_CORRUPT;
+                NEED(4 + 2 * (k - 1));
+                int64_t row = rd32(buf + off);
+                e->owned[0] = row;
+                for (int64_t r = 1; r < k; r++) e->owned[r] = row += rd16(buf + off + 4 + 2 * (r - 1));
+                off += 4 + 2 * (k - 1);
+            } else if (e->flags & W_BITMAP) {
+                NEED(4);
+                const int64_t n_bits = rd32(buf + off);
+                off += 4;
+                NEED((n_bits + 7) / 8);
+                if (popcount_bits(buf + off, n_bits) != k) return APPLY_CORRUPT;
+                set_bits(buf + off, n_bits, NULL, e->owned);
+                off += (n_bits + 7) / 8;
+            } else {
+                NEED(4 * k);
+                for (int64_t r = 0; r < k; r++) e->owned[r] = (int32_t)rd32(buf + off + 4 * r);
+                off += 4 * k;
+            }
+        }
+        if (e->param >= 0)
+            for (int64_t r = 0; r < k; r++)
+                if (e->idx[r] < 0 || e->idx[r] >= n_rows[e->param]) return APPLY_BAD_ROW;
+        if (e->kind == 1) {
+            out->has_touched = 1;
+            continue;
+        }
+        /* the values */
+        const int64_t dim = e->dim;
+        if (e->param >= 0 && dim != dims[e->param] && k) return APPLY_BAD_DIM;
+        int64_t n_vals = k * dim;
+        e->rows_form = 1;
+        if (e->flags & W_MASKED) {
+            const int64_t width = (dim + 7) / 8;
+            NEED(k * width + 4);
+            e->masks = buf + off;
+            off += k * width;
+            e->nnz = rd32(buf + off);
+            off += 4;
+            if (dim && count_codes(e->masks, k, width, tail_mask_of(dim, width)) != e->nnz) return APPLY_CORRUPT;
+            n_vals = e->nnz;
+            e->rows_form = !(e->nnz * element_cost < k * dim);
+        }
+        if (e->flags & W_Q8) {
+            NEED(2 * k);
+            e->scales = buf + off;
+            off += 2 * k;
+        }
+        const int64_t size = e->flags & W_Q8 ? 1 : e->flags & W_F16 ? 2 : 4;
+        NEED(size * n_vals);
+        e->vals = buf + off;
+        off += size * n_vals;
+    }
+    return APPLY_OK;
+}
+
+static void free_payload(wire_payload *w) {
+    for (int i = 0; i < w->n; i++) free(w->e[i].owned);
+    free(w->e);
+    w->e = NULL;
+    w->n = 0;
+}
+
+/* The carried value number q of a values entry (form: W_Q8, W_F16 or 0 for float32), of row scale s. */
+static inline float wire_value(const uint8_t *vals, int form, int64_t q, float s) {
+    if (form == W_Q8) return (float)(int8_t)vals[q] * s;
+    if (form == W_F16) return from_f16_any(rd16(vals + 2 * q));
+    float f;
+    uint32_t bits = rd32(vals + 4 * q);
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* The rows of a table a step touches are scattered over more than the caches hold: the
+ * row AHEAD rows on is fetched while this one is added. */
+#define AHEAD 16
+#define BLOCK_BYTES (256 * 1024) /* a block of a table's rows that a core's cache holds */
+static inline void prefetch_row(const float *table, int64_t row, int64_t dim) {
+    const char *p = (const char *)(table + row * dim);
+    for (int64_t b = 0; b < dim * (int64_t)sizeof(float); b += 64) __builtin_prefetch(p + b, 1, 3);
+}
+
+static inline float divisor_of(const float *counts, int64_t row, int divide, float per) {
+    if (!divide) return 1.0f;
+    float d = counts[row];
+    if (per != 1.0f) d = d / per;
+    return d < 1.0f ? 1.0f : d;
+}
+
+/* The rows of one values entry below row `hi`, from its cursor on (e->r, e->q), of one
+ * form (a constant where inlined: the compiler makes a loop per form). */
+static inline void add_entry_form(wire_entry *e, int form, int64_t hi, float *table, const float *counts, int divide,
+                                  float per) {
+    const int64_t k = e->k, dim = e->dim;
+    const uint8_t *vals = e->vals;
+    int64_t r = e->r, q = e->q;
+    if (!(e->flags & W_MASKED)) {
+        for (; r < k && e->idx[r] < hi; r++) {
+            if (r + AHEAD < k) prefetch_row(table, e->idx[r + AHEAD], dim);
+            const float d = divisor_of(counts, e->idx[r], divide, per);
+            const float s = form == W_Q8 ? from_bf16(rd16(e->scales + 2 * r)) : 1.0f;
+            float *t = table + e->idx[r] * dim;
+            for (int64_t j = 0; j < dim; j++) t[j] += wire_value(vals, form, r * dim + j, s) / d;
+        }
+        e->r = r;
+        return;
+    }
+    const int64_t width = (dim + 7) / 8, last = e->nnz - 1;
+    if (!e->rows_form && width <= 8) {
+        /* Single entries, a few a row: only the set bits, found a word at a time. */
+        for (; r < k && e->idx[r] < hi; r++) {
+            uint64_t word = 0;
+            memcpy(&word, e->masks + r * width, (size_t)width);
+            if (dim < 64) word &= (UINT64_C(1) << dim) - 1;
+            if (r + AHEAD < k) prefetch_row(table, e->idx[r + AHEAD], dim);
+            if (!word) continue;
+            const float d = divisor_of(counts, e->idx[r], divide, per);
+            const float s = form == W_Q8 ? from_bf16(rd16(e->scales + 2 * r)) : 1.0f;
+            float *t = table + e->idx[r] * dim;
+            if (d == 1.0f) /* (x / 1 is x: the division skipped, the bits the same) */
+                while (word) {
+                    const int j = __builtin_ctzll(word);
+                    word &= word - 1;
+                    t[j] += wire_value(vals, form, q++, s);
+                }
+            else
+                while (word) {
+                    const int j = __builtin_ctzll(word);
+                    word &= word - 1;
+                    t[j] += wire_value(vals, form, q++, s) / d;
+                }
+        }
+        e->r = r, e->q = q;
+        return;
+    }
+    /* Whole rows add a zero where nothing was carried (as index_add_ of the decoded rows
+     * does: -0.0 + 0.0 is +0.0); single entries add only what they carry. A row is
+     * expanded into `row` (its set bits found a word at a time), then added in one loop
+     * the compiler vectorises. */
+    const int whole = e->rows_form;
+    float row[64];
+    for (; r < k && e->idx[r] < hi; r++) {
+        if (r + AHEAD < k) prefetch_row(table, e->idx[r + AHEAD], dim);
+        const float d = divisor_of(counts, e->idx[r], divide, per);
+        const float s = form == W_Q8 ? from_bf16(rd16(e->scales + 2 * r)) : 1.0f;
+        float *t = table + e->idx[r] * dim;
+        const uint8_t *m = e->masks + r * width;
+        if (whole && dim <= 64) {
+            const float zero = form == W_Q8 ? 0.0f * s : 0.0f;
+            for (int64_t j = 0; j < dim; j++) row[j] = zero;
+            uint64_t word = 0;
+            memcpy(&word, m, (size_t)width);
+            if (dim < 64) word &= (UINT64_C(1) << dim) - 1;
+            while (word) {
+                const int j = __builtin_ctzll(word);
+                word &= word - 1;
+                row[j] = wire_value(vals, form, q++, s);
+            }
+            for (int64_t j = 0; j < dim; j++) t[j] += row[j] / d;
+            continue;
+        }
+        const float zero = (form == W_Q8 ? 0.0f * s : 0.0f) / d;
+        for (int64_t j = 0; j < dim; j++) {
+            const int bit = m[j >> 3] >> (j & 7) & 1;
+            const float v = wire_value(vals, form, q < last ? q : last, s) / d;
+            const float kept = whole ? t[j] + zero : t[j];
+            t[j] = bit ? t[j] + v : kept;
+            q += bit;
+        }
+    }
+    e->r = r, e->q = q;
+}
+
+static void add_entry(wire_entry *e, int64_t hi, float *table, const float *counts, int divide, float per) {
+    if (e->flags & W_Q8)
+        add_entry_form(e, W_Q8, hi, table, counts, divide, per);
+    else if (e->flags & W_F16)
+        add_entry_form(e, W_F16, hi, table, counts, divide, per);
+    else
+        add_entry_form(e, 0, hi, table, counts, divide, per);
+}
+
+static int ascending(const int64_t *idx, int64_t k) {
+    for (int64_t r = 1; r < k; r++)
+        if (idx[r] <= idx[r - 1]) return 0;
+    return 1;
+}
+
+/* Add one table's values entries (in contribution order) a block of rows at a time: the
+ * block's rows stay in cache while every contribution adds into them, and each row still
+ * takes its contributions in their order. Rows not ascending in some entry: one block. */
+static void add_table(wire_entry *const *list, int64_t n, float *table, int64_t n_rows, int64_t dim,
+                      const float *counts, int divide, float per) {
+    int sorted = 1;
+    for (int64_t i = 0; i < n && sorted; i++) sorted = ascending(list[i]->idx, list[i]->k);
+    const int64_t block = sorted ? (BLOCK_BYTES / (int64_t)sizeof(float) + dim - 1) / dim : n_rows;
+    for (int64_t lo = 0; lo < n_rows; lo += block) {
+        const int64_t hi = lo + block < n_rows ? lo + block : n_rows;
+        for (int64_t i = 0; i < n; i++) add_entry(list[i], hi, table, counts, divide, per);
+    }
+}
+
+/* Whether an entry's rows count as touchers: a payload's touched rows where it sent
+ * them, else the rows of its values that decode to whole rows. */
+static int counted(const wire_entry *e, int has_touched) {
+    return e->param >= 0 && (has_touched ? e->kind == 1 : e->kind == 0 && e->rows_form);
+}
+
+int64_t ebb_apply_payloads(int64_t n_src, const uint8_t *const *bufs, const int64_t *lens, int64_t own_at,
+                           int64_t n_params, const uint8_t *names, const int64_t *name_lens, float *const *tables,
+                           const int64_t *n_rows, const int64_t *dims, float *const *counts,
+                           const int64_t *const *own_rows, const float *const *own_vals, const int64_t *own_k,
+                           int divide, float per, int64_t element_cost) {
+    wire_payload *w = calloc(n_src ? (size_t)n_src : 1u, sizeof(wire_payload));
+    if (!w) return APPLY_NO_MEMORY;
+    int64_t status = APPLY_OK;
+    for (int64_t s = 0; s < n_src && status == APPLY_OK; s++)
+        if (s != own_at)
+            status = parse_payload(bufs[s], lens[s], n_params, names, name_lens, n_rows, dims, element_cost, &w[s]);
+    if (status == APPLY_OK && own_at >= 0)
+        for (int64_t p = 0; p < n_params; p++)
+            for (int64_t r = 0; r < own_k[p]; r++)
+                if (own_rows[p][r] < 0 || own_rows[p][r] >= n_rows[p]) status = APPLY_BAD_ROW;
+    /* The own update as float32 values entries, one a table; each table's entries are
+     * listed in contribution order in `list` (at most every entry and the own one). */
+    int64_t total = 1;
+    for (int64_t s = 0; s < n_src; s++) total += w[s].n;
+    wire_entry *own = calloc((size_t)(n_params ? n_params : 1), sizeof(wire_entry));
+    wire_entry **list = malloc((size_t)total * sizeof(wire_entry *));
+    if (status == APPLY_OK && (!own || !list)) status = APPLY_NO_MEMORY;
+    for (int64_t p = 0; p < n_params && status == APPLY_OK && own_at >= 0; p++)
+        if (own_k[p] > 0)
+            own[p] = (wire_entry){.param = (int)p, .rows_form = 1, .k = own_k[p], .dim = dims[p],
+                                  .idx = own_rows[p], .vals = (const uint8_t *)own_vals[p]};
+    if (status != APPLY_OK) {
+        free(own);
+        free(list);
+        for (int64_t s = 0; s < n_src; s++) free_payload(&w[s]);
+        free(w);
+        return status;
+    }
+    if (divide) /* each row's touchers */
+        for (int64_t s = 0; s < n_src; s++) {
+            if (s == own_at) {
+                for (int64_t p = 0; p < n_params; p++)
+                    for (int64_t r = 0; r < own_k[p]; r++) counts[p][own_rows[p][r]] += 1.0f;
+                continue;
+            }
+            for (int i = 0; i < w[s].n; i++) {
+                const wire_entry *e = &w[s].e[i];
+                if (!counted(e, w[s].has_touched)) continue;
+                for (int64_t r = 0; r < e->k; r++) counts[e->param][e->idx[r]] += 1.0f;
+            }
+        }
+    for (int64_t p = 0; p < n_params; p++) {
+        int64_t n = 0;
+        for (int64_t s = 0; s < n_src; s++) {
+            if (s == own_at) {
+                if (own_k[p] > 0) list[n++] = &own[p];
+                continue;
+            }
+            for (int i = 0; i < w[s].n; i++) {
+                wire_entry *e = &w[s].e[i];
+                if (e->param != p || e->kind != 0 || !e->k) continue;
+                e->r = e->q = 0;
+                list[n++] = e;
+            }
+        }
+        add_table(list, n, tables[p], n_rows[p], dims[p], counts[p], divide, per);
+    }
+    free(own);
+    free(list);
+    if (divide)
+        for (int64_t s = 0; s < n_src; s++) {
+            if (s == own_at) {
+                for (int64_t p = 0; p < n_params; p++)
+                    for (int64_t r = 0; r < own_k[p]; r++) counts[p][own_rows[p][r]] = 0.0f;
+                continue;
+            }
+            for (int i = 0; i < w[s].n; i++) {
+                const wire_entry *e = &w[s].e[i];
+                if (counted(e, w[s].has_touched))
+                    for (int64_t r = 0; r < e->k; r++) counts[e->param][e->idx[r]] = 0.0f;
+            }
+        }
+    for (int64_t s = 0; s < n_src; s++) free_payload(&w[s]);
+    free(w);
+    return APPLY_OK;
 }

@@ -64,7 +64,8 @@ class StepReport(_Message):
     sent_at: float = Field(description="wall time of the announcement")
     object_gets: int = 0
     requests: int = Field(0, description="update-store round trips since the last report (announce and go included)")
-    timing: dict[str, float] = Field(default_factory=dict)
+    timing: dict[str, float] = Field(default_factory=dict, description="wall seconds per phase")
+    cpu_timing: dict[str, float] = Field(default_factory=dict, description="CPU seconds per phase (training thread)")
     scoring: Scoring | None = Field(None, description="a held-out scoring done since the last report")
 
 
@@ -82,6 +83,7 @@ class EndReport(_Message):
     cpu_seconds: float = 0.0
     object_gets: int = 0
     timing: dict[str, float] = Field(default_factory=dict)
+    cpu_timing: dict[str, float] = Field(default_factory=dict)
     pending_nnz: int = 0
 
 
