@@ -84,7 +84,7 @@ def deployment(moto_server, moto_env, protected_redis, small_ratings):
     env = {
         **moto_env,
         "EBB_BUCKET": bucket,
-        "EBB_REDIS_URLS": protected_redis.url.removesuffix("/0"),
+        "EBB_REDIS_URLS": f"redis://127.0.0.1:{protected_redis.port}",  # the AUTH token: the secret's
         "EBB_REDIS_SECRET_ARN": secret,
         "EBB_EVENTS_TOPIC_ARN": topic,
         "EBB_MAX_WORKERS": "4",
