@@ -19,7 +19,7 @@ main``) runs each replay in a subprocess, under that tree's engine and this one'
 busiest worker's CPU per step, the step on the fleet clock, and bytes sent and read:
 
     python bench/step_cpu.py --workers 8,16,32 --modes isp --steps 20 --repeats 2 \
-        --before /work/wt-i28-base/lambda_src --reduce   # bench/results/step_cpu/ml10m-P8-16-32-vs-before.json
+        --before /tmp/base/lambda_src --reduce   # bench/results/step_cpu/ml10m-P8-16-32-vs-before.json
 
 With ``--native-vs-numpy`` the two codes are this engine with its compiled kernels
 (``python -m ebb.native`` builds them) and without them (``EBB_NATIVE=0``).
