@@ -77,6 +77,22 @@ def test_predict_on_the_test_file_reproduces_the_report_exactly(planted, capsys)
     assert [tuple(map(int, ln.split(",")[:2])) for ln in lines[1:]] == [(r[0], r[1]) for r in planted["test"]]
 
 
+def test_with_cold_k_predict_still_reproduces_the_report_exactly(planted, capsys):
+    """A model trained with ``cold_k`` scores its rarely seen users and items from the biases;
+    the artifact carries the training counts, so ``ebb predict`` applies the same rule."""
+    run, data = planted["tmp"] / "run-cold", planted["tmp"] / "data"
+    assert main(["train", "--model", "pmf", "--data", str(data), "--out", str(run), "--workers", "1",
+                 "--set", f"hyper.rank={RANK}", "--set", "hyper.lr=0.1", "--set", "hyper.cold_k=30",
+                 "--set", "stop.max_epochs=10"]) == 0  # fmt: skip
+    capsys.readouterr()
+    model = load_model(run)
+    assert model.cold_k == 30 and model._cold_item is not None and 0 < model._cold_item.sum() < len(model._cold_item)
+    report = json.loads((run / "report.json").read_text())
+    assert main(["predict", "--model", str(run), "--input", str(planted["tmp"] / "test.tsv"),
+                 "--out", str(planted["tmp"] / "pred-cold.csv")]) == 0  # fmt: skip
+    assert f'"rmse": {report["test_metrics"]["rmse"]}' in capsys.readouterr().out
+
+
 def test_load_model_in_a_fresh_process_without_torch_gives_the_same_numbers(planted):
     pairs = [(r[0], r[1]) for r in planted["test"]]
     here = load_model(planted["run"]).predict(np.array(pairs))

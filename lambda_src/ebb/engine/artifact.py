@@ -59,6 +59,9 @@ def model_meta(
         meta["scoring"] = {
             "global_mean": float(manifest.stats.get("rating_mean", 0.0)),
             "rating_range": list(rr) if rr else None,
+            # Held-out pairs of a user or item with at most this many training ratings score
+            # from the biases alone (PMF's cold_k; counts in seen.npz).
+            "cold_k": int(spec.hyper.cold_k or 0),
         }
         meta["files"].update({"id_map": ID_MAP_COPY_KEY, "seen": SEEN_KEY})
         meta["id_maps"] = {"file": ID_MAP_COPY_KEY, "dataset": f"{spec.data.rstrip('/')}/{ID_MAP_KEY}"}
@@ -83,16 +86,28 @@ def model_meta(
 
 def seen_items(data: ObjectStore, manifest: Manifest) -> dict[str, np.ndarray]:
     """Every user's rated items in the train and validation splits: CSR (``indptr`` over
-    contiguous users, ``items`` sorted within a user), for recommendations that skip them."""
+    contiguous users, ``items`` sorted within a user), for recommendations that skip them;
+    and each user's and item's number of training ratings (``train_user_count``,
+    ``train_item_count``), which decide who is cold under ``cold_k``."""
     keys = []
+    user_count = np.zeros(manifest.num_users, dtype=np.int64)
+    item_count = np.zeros(manifest.num_items, dtype=np.int64)
     for split in ("train", "val"):
         for part in iter_parts(data, manifest, split):
             keys.append(part["user"].astype(np.int64) * manifest.num_items + part["item"])
+            if split == "train":
+                user_count += np.bincount(part["user"], minlength=manifest.num_users)
+                item_count += np.bincount(part["item"], minlength=manifest.num_items)
     pairs = np.unique(np.concatenate(keys)) if keys else np.zeros(0, dtype=np.int64)
     users = pairs // max(manifest.num_items, 1)
     indptr = np.zeros(manifest.num_users + 1, dtype=np.int64)
     np.cumsum(np.bincount(users, minlength=manifest.num_users), out=indptr[1:])
-    return {"indptr": indptr, "items": (pairs % max(manifest.num_items, 1)).astype(np.int32)}
+    return {
+        "indptr": indptr,
+        "items": (pairs % max(manifest.num_items, 1)).astype(np.int32),
+        "train_user_count": user_count,
+        "train_item_count": item_count,
+    }
 
 
 def write_artifact(

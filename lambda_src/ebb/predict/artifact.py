@@ -126,6 +126,14 @@ class RatingsModel:
         self.rating_range = None if rr is None else (float(rr[0]), float(rr[1]))
         self.users, self.items = _IdIndex(id_map["user"]), _IdIndex(id_map["item"])
         self.seen_indptr, self.seen_items = seen["indptr"], seen["items"]
+        # cold_k: pairs of a user or item with ≤ k training ratings score from the biases alone,
+        # as the training job scored them (an artifact without the counts has no cold rule).
+        self.cold_k = int(meta["scoring"].get("cold_k", 0))
+        if self.cold_k > 0 and "train_user_count" in seen:
+            self._cold_user = seen["train_user_count"] <= self.cold_k
+            self._cold_item = seen["train_item_count"] <= self.cold_k
+        else:
+            self._cold_user = self._cold_item = None
         # recommend's item side: [V_i, b_i] per row, padded with zero rows to whole lanes.
         self.num_items = len(self.item)
         padded = -(-self.num_items // LANES) * LANES
@@ -148,8 +156,11 @@ class RatingsModel:
         u, i = self.users.encode(users), self.items.encode(items)
         self.unknown["users"] += int((u < 0).sum())
         self.unknown["items"] += int((i < 0).sum())
+        cold = None
+        if self._cold_user is not None and self._cold_item is not None:
+            cold = ((u >= 0) & self._cold_user[np.maximum(u, 0)]) | ((i >= 0) & self._cold_item[np.maximum(i, 0)])
         return scoring.pmf_pairs(
-            self.user, self.item, u, i, rank=self.rank, mean=self.mean, rating_range=self.rating_range
+            self.user, self.item, u, i, rank=self.rank, mean=self.mean, rating_range=self.rating_range, cold=cold
         )
 
     def all_users(self) -> np.ndarray:
