@@ -66,6 +66,10 @@ def redis_binaries() -> list[str]:
     return [b for b in found if not (os.path.realpath(b) in seen or seen.add(os.path.realpath(b)))]
 
 
+class _PortTaken(Exception):
+    """The port chosen was bound by someone else first."""
+
+
 class TlsRedisServers:
     """redis-servers on loopback with TLS and a password, stopped by pid."""
 
@@ -86,9 +90,18 @@ class TlsRedisServers:
         raise last
 
     def _start(self, binary: str, cluster: bool) -> int:
-        port = free_port()
+        # A free port can be taken between free_port() and the bind (other tests start servers
+        # side by side): that is tried again on a new port, never taken for a missing TLS.
+        for _ in range(5):
+            try:
+                return self._start_on(binary, cluster, free_port())
+            except _PortTaken:
+                continue
+        raise RuntimeError("redis-server (TLS): no free port in 5 tries")
+
+    def _start_on(self, binary: str, cluster: bool, port: int) -> int:
         workdir = self.folder / f"node-{port}"
-        workdir.mkdir()
+        workdir.mkdir(exist_ok=True)
         args = [
             binary,
             "--port",
@@ -127,7 +140,9 @@ class TlsRedisServers:
                 "--masterauth",
                 self.password,
             ]
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        log = workdir / "server.log"  # redis-server reports a bad option or a taken port on stdout
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
         self.procs.append(proc)
         deadline = time.monotonic() + 10
         while True:
@@ -136,9 +151,12 @@ class TlsRedisServers:
                 return port
             except redis.ConnectionError:
                 if proc.poll() is not None:
-                    raise NoTlsError(
-                        f"this redis-server has no TLS: {proc.stderr.read().decode(errors='replace')[:200]}"
-                    ) from None
+                    said = log.read_text(errors="replace")
+                    if "Address already in use" in said:
+                        raise _PortTaken from None
+                    if "tls" in said.lower() and ("Bad directive" in said or "not supported" in said):
+                        raise NoTlsError(f"this redis-server has no TLS: {said[-200:]}") from None
+                    raise RuntimeError(f"redis-server (TLS) exited: {said[-400:]}") from None
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"redis-server (TLS) not ready on port {port}") from None
                 time.sleep(0.02)
