@@ -16,7 +16,7 @@ The machine has a role of its own, which may invoke the predict function and not
 
 from __future__ import annotations
 
-from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Stack, Validations
+from aws_cdk import Acknowledgment, RemovalPolicy, Stack, Validations
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
@@ -25,7 +25,7 @@ from constructs import Construct
 
 from ebb.ports import deployment as names
 from ebb.ports.deployment import INLINE_MAP_LIMIT
-from stacks.workflow import LAMBDA_SERVICE_ERRORS, _nag, _UnlimitedMap
+from stacks.workflow import _nag, _UnlimitedMap, lambda_task
 
 _RUN_FIELDS = ("run", "model", "input", "with_labels", "skip_bad_rows", "recommend", "users", "exclude_seen")
 
@@ -47,18 +47,7 @@ class PredictWorkflow(Construct):
         fail = sfn.Fail(self, "PredictFailed", error_path="$.error.Error", cause_path="$.error.Cause")
 
         def invoke(name: str, payload: sfn.TaskInput, **kwargs) -> tasks.LambdaInvoke:
-            task = tasks.LambdaInvoke(
-                self, name, lambda_function=function, payload=payload, retry_on_service_exceptions=False, **kwargs
-            )
-            task.add_retry(
-                errors=LAMBDA_SERVICE_ERRORS,
-                interval=Duration.seconds(2),
-                max_attempts=6,
-                backoff_rate=2,
-                max_delay=Duration.seconds(60),
-                jitter_strategy=sfn.JitterType.FULL,
-            )
-            return task
+            return lambda_task(self, name, function, payload, **kwargs)
 
         plan = invoke(
             names.PLAN_STATE,

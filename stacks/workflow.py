@@ -248,18 +248,27 @@ class Workflow(Construct):
         return rule
 
     def _invoke(self, name: str, function: lambda_.IFunction, payload: sfn.TaskInput, **kwargs) -> tasks.LambdaInvoke:
-        task = tasks.LambdaInvoke(
-            self, name, lambda_function=function, payload=payload, retry_on_service_exceptions=False, **kwargs
-        )
-        task.add_retry(
-            errors=LAMBDA_SERVICE_ERRORS,
-            interval=Duration.seconds(2),
-            max_attempts=6,
-            backoff_rate=2,
-            max_delay=Duration.seconds(60),
-            jitter_strategy=sfn.JitterType.FULL,
-        )
-        return task
+        return lambda_task(self, name, function, payload, **kwargs)
+
+
+def lambda_task(
+    scope: Construct, name: str, function: lambda_.IFunction, payload: sfn.TaskInput, **kwargs
+) -> tasks.LambdaInvoke:
+    """A Lambda invocation state that retries Lambda's own service errors (throttling
+    included) with jittered backoff, and nothing the function raises: the one retry policy
+    of every state machine here."""
+    task = tasks.LambdaInvoke(
+        scope, name, lambda_function=function, payload=payload, retry_on_service_exceptions=False, **kwargs
+    )
+    task.add_retry(
+        errors=LAMBDA_SERVICE_ERRORS,
+        interval=Duration.seconds(2),
+        max_attempts=6,
+        backoff_rate=2,
+        max_delay=Duration.seconds(60),
+        jitter_strategy=sfn.JitterType.FULL,
+    )
+    return task
 
 
 def execution_log_group_name(stack_name: str) -> str:

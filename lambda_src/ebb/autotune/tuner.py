@@ -250,18 +250,7 @@ class ScaleInTuner:
         guard = self.cost_guard(workers, elapsed_s)
         if guard is not None and not guard["pays"]:
             self._settle_realised(workers)
-            self.decisions.append(
-                {
-                    "step": self._steps[-1],
-                    "elapsed_s": round(float(elapsed_s), 3),
-                    "workers": int(workers),
-                    "s_delta": None,
-                    "throughput": None,
-                    "evict": False,
-                    "at_knee": True,
-                    **_guard_fields(guard),
-                }
-            )
+            self._knee_decision(workers, elapsed_s, guard, evict=False)
             self.next_decision_s = float(elapsed_s) + self.interval_s
             self._steps, self._elapsed, self._losses, self._workers = [], [], [], []
             return None
@@ -271,18 +260,7 @@ class ScaleInTuner:
         )
         if guard is not None:
             reason += f", predicted Perf/$ gain {guard['predicted_gain']:.3f}"
-            self.decisions.append(
-                {
-                    "step": self._steps[-1],
-                    "elapsed_s": round(float(elapsed_s), 3),
-                    "workers": int(workers),
-                    "s_delta": None,
-                    "throughput": None,
-                    "evict": True,
-                    "at_knee": True,
-                    **_guard_fields(guard),
-                }
-            )
+            self._knee_decision(workers, elapsed_s, guard, evict=True)
         self._record_eviction(elapsed_s, workers, reason, s_delta=None)
         return reason
 
@@ -396,6 +374,21 @@ class ScaleInTuner:
         t_now = work * step_now
         t_after = work * (p / (p - 1)) ** self.progress_exponent * step_after + self.settle_steps * step_after
         return (t_now * t_now * (p * w + f)) / (t_after * t_after * ((p - 1) * w + f))
+
+    def _knee_decision(self, workers: int, elapsed_s: float, guard: dict, *, evict: bool) -> None:
+        """Record the knee's eviction decision with the cost guard's prediction."""
+        self.decisions.append(
+            {
+                "step": self._steps[-1],
+                "elapsed_s": round(float(elapsed_s), 3),
+                "workers": int(workers),
+                "s_delta": None,
+                "throughput": None,
+                "evict": evict,
+                "at_knee": True,
+                **_guard_fields(guard),
+            }
+        )
 
     def cost_guard(self, workers: int, elapsed_s: float) -> dict | None:
         """Whether evicting one of ``workers`` pays for itself (None: no prices, guard off)."""
