@@ -693,5 +693,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def entry() -> int:
+    """The ``ebb`` program: :func:`main`, then an exit that a late Ctrl-C cannot turn into a
+    traceback (a second Ctrl-C after the job has stopped would otherwise land in the
+    interpreter's shutdown, in a library's exit hook)."""
+    import signal
+
+    code = main()
+    if _main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -93,8 +93,11 @@ class TlsRedisServers:
         # A free port can be taken between free_port() and the bind (other tests start servers
         # side by side): that is tried again on a new port, never taken for a missing TLS.
         for _ in range(5):
+            port = free_port()
+            while cluster and port > 55535:  # a cluster node's bus listens on port + 10000
+                port = free_port()
             try:
-                return self._start_on(binary, cluster, free_port())
+                return self._start_on(binary, cluster, port)
             except _PortTaken:
                 continue
         raise RuntimeError("redis-server (TLS): no free port in 5 tries")
