@@ -294,7 +294,11 @@ def test_a_lost_worker_fails_the_job_and_no_invocation_runs_on(aws):
     assert supervisor.error["errorType"] == "JobStopped", supervisor.error
     assert supervisor.error["errorMessage"].startswith("the job was stopped: Round failed: Runtime.ExitError")
     (survivor,) = [c for c in _of_job(aws.runtime.of("worker"), job) if c.event["worker"] == 0]
-    assert "gave the round up (the job was stopped" in survivor.error["errorMessage"], survivor.error
+    # The survivor leaves at the abort marker, or (when the supervisor's last directive reached
+    # it first) returns from its round: either way it has returned (_all_return above).
+    assert survivor.error is None or "gave the round up (the job was stopped" in survivor.error["errorMessage"], (
+        survivor.error
+    )
     time.sleep(1)  # nothing writes after the invocations have returned
     assert _progress(aws, job)["state"] == "failed", (took, _progress(aws, job))
     assert json.loads(_stored(aws, f"jobs/{job}/abort.json"))["reason"].startswith("Round failed: Runtime.ExitError")
