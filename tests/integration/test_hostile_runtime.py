@@ -13,9 +13,10 @@ import time
 import psutil
 import pytest
 import redis
+from botocore.exceptions import ReadTimeoutError
 
 from ebb.local.runner import JobFailed, run_local
-from ebb.stores import redis_store, s3
+from ebb.stores import aws_clients, redis_store, s3, sns_sqs
 from tests.helpers.engine import engine_spec
 from tests.helpers.silent import SilentServer
 
@@ -25,11 +26,9 @@ from tests.helpers.silent import SilentServer
 def test_a_silent_s3_endpoint_fails_within_its_bound(monkeypatch):
     """Was: 6 attempts of a 60 s read timeout (428 s). Now a timed-out attempt is tried
     TIMEOUT_ATTEMPTS times in all, whatever MAX_ATTEMPTS allows for throttling."""
-    monkeypatch.setattr(s3, "CONNECT_TIMEOUT_S", 0.5)
-    monkeypatch.setattr(s3, "READ_TIMEOUT_S", 0.5)
-    credentials = {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_DEFAULT_REGION": "us-east-1"}
-    for name, value in credentials.items():
-        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(aws_clients, "CONNECT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(aws_clients, "READ_TIMEOUT_S", 0.5)
+    _fake_credentials(monkeypatch)
     with SilentServer() as server:
         monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.port}")
         store = s3.S3ObjectStore("silent-bucket", "p")
@@ -37,11 +36,50 @@ def test_a_silent_s3_endpoint_fails_within_its_bound(monkeypatch):
         with pytest.raises(s3.S3StoreError, match=r"s3://silent-bucket/p/k: GetObject failed: Read timeout"):
             store.get("k")
         waited = time.monotonic() - started
-        assert server.connections == s3.TIMEOUT_ATTEMPTS < s3.MAX_ATTEMPTS
-    assert waited <= s3.silent_endpoint_bound_s() + 1.0
+        assert server.connections == aws_clients.TIMEOUT_ATTEMPTS < aws_clients.MAX_ATTEMPTS
+    assert waited <= aws_clients.silent_endpoint_bound_s() + 1.0
     # The bound with the shipped settings, as docs/RELIABILITY.md states it.
     monkeypatch.undo()
-    assert s3.silent_endpoint_bound_s() <= 51
+    assert aws_clients.silent_endpoint_bound_s() <= 51
+
+
+def test_silent_sns_and_sqs_endpoints_fail_within_their_bounds(monkeypatch):
+    """Was: botocore's defaults (60 s reads, 3 attempts legacy mode: 3+ minutes for one
+    long poll). A long poll is given its wait plus 10 s before the endpoint counts as silent."""
+    monkeypatch.setattr(aws_clients, "CONNECT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(aws_clients, "READ_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(sns_sqs, "SQS_READ_TIMEOUT_S", 1.5)
+    _fake_credentials(monkeypatch)
+    with SilentServer() as server:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.port}")
+        channel = sns_sqs.SnsSqsSignalChannel(
+            "job",
+            0,
+            topic_arn="arn:aws:sns:us-east-1:123456789012:control",
+            supervisor_queue_url=f"http://127.0.0.1:{server.port}/123456789012/supervisor",
+            worker_queue_prefix=f"http://127.0.0.1:{server.port}/123456789012/worker-",
+            scratch=None,  # type: ignore[arg-type]  # nothing here travels by pointer
+        )
+        started = time.monotonic()
+        with pytest.raises(ReadTimeoutError):
+            channel.next_directive(0, timeout=1.0)
+        waited_sqs = time.monotonic() - started
+        assert server.connections == aws_clients.TIMEOUT_ATTEMPTS
+        started = time.monotonic()
+        with pytest.raises(ReadTimeoutError):  # the client every SNS publish of the runtime uses
+            aws_clients.client("sns", region="us-east-1").publish(TopicArn=channel.topic_arn, Message="{}")
+        waited_sns = time.monotonic() - started
+        assert server.connections == 2 * aws_clients.TIMEOUT_ATTEMPTS
+    assert waited_sqs <= aws_clients.silent_endpoint_bound_s(1.5) + 1.0
+    assert waited_sns <= aws_clients.silent_endpoint_bound_s() + 1.0
+    monkeypatch.undo()
+    assert aws_clients.silent_endpoint_bound_s(sns_sqs.SQS_READ_TIMEOUT_S) <= 71
+
+
+def _fake_credentials(monkeypatch) -> None:
+    credentials = {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_DEFAULT_REGION": "us-east-1"}
+    for name, value in credentials.items():
+        monkeypatch.setenv(name, value)
 
 
 def test_a_silent_redis_fails_a_command_and_the_job_within_its_bound(small_ratings, tmp_path, monkeypatch):

@@ -109,7 +109,7 @@ class Deployment:
 def account_settings(client=None) -> dict:
     """Lambda's ``GetAccountSettings`` for this function's account and region."""
     if client is None:
-        import boto3
+        from ebb.stores.aws_clients import client as aws_client
 
-        client = boto3.client("lambda")
+        client = aws_client("lambda")
     return client.get_account_settings()

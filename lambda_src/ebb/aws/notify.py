@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 
-import boto3
-
 from ebb.aws.config import AwsConfig
 from ebb.ports import deployment as names
+from ebb.stores import aws_clients
 
 
 def publish_job_event(config: AwsConfig, kind: str, job_id: str, detail: dict, client=None) -> None:
@@ -16,7 +15,7 @@ def publish_job_event(config: AwsConfig, kind: str, job_id: str, detail: dict, c
     if not config.events_topic_arn:
         return
     body = {"event": kind, "job_id": job_id, **detail}
-    (client or boto3.client("sns")).publish(
+    (client or aws_clients.client("sns")).publish(
         TopicArn=config.events_topic_arn,
         Subject=f"Ebb {kind}: {job_id}"[:100],
         Message=json.dumps(body, default=str),

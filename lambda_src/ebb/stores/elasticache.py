@@ -54,10 +54,10 @@ class AuthToken(redis.CredentialProvider):
     __slots__ = ("secret_arn", "_username", "_token")
 
     def __init__(self, secret_arn: str, secretsmanager=None):
-        import boto3
+        from .aws_clients import client as aws_client
 
         self.secret_arn = secret_arn
-        client = secretsmanager or boto3.client("secretsmanager", region_name=_region_of(secret_arn))
+        client = secretsmanager or aws_client("secretsmanager", region=_region_of(secret_arn))
         with _no_response_bodies_logged():
             value = client.get_secret_value(SecretId=secret_arn).get("SecretString")
         self._username, self._token = _parse_secret(value, secret_arn)

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import io
 import os
-import threading
 
-import boto3
 from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
-from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, ConnectTimeoutError, ReadTimeoutError
+from botocore.exceptions import BotoCoreError, ClientError
 from s3transfer.utils import S3_RETRYABLE_DOWNLOAD_ERRORS
 
 from ebb.ports.objects import check_key
+
+from . import aws_clients
 
 # Objects of at least MULTIPART_THRESHOLD bytes go up as a multipart upload of
 # MULTIPART_PART_SIZE parts, TRANSFER_CONCURRENCY at a time (and files are fetched as that
@@ -32,39 +31,11 @@ MULTIPART_THRESHOLD = 16 << 20
 MULTIPART_PART_SIZE = 16 << 20
 TRANSFER_CONCURRENCY = 8
 
-# "standard" retries throttling (503 SlowDown), 5xx and connection errors with jittered
-# exponential backoff; a fleet of workers reading one prefix meets SlowDown, hence more
-# attempts than the default 3. An endpoint that does not answer at all is another matter:
-# a connect or read timeout is tried TIMEOUT_ATTEMPTS times in all, so a silent endpoint
-# fails within silent_endpoint_bound_s() (docs/RELIABILITY.md, "Bounds"). The read timeout
-# is the longest pause between two reads of a socket, not a transfer's duration: a 16 MiB
-# part on a slow link still meets it as long as bytes keep coming.
-MAX_ATTEMPTS = 6
-TIMEOUT_ATTEMPTS = 2
-CONNECT_TIMEOUT_S = 5.0
-READ_TIMEOUT_S = 20.0
-# Standard mode's backoff before attempt i+1 for an error other than throttling is at most
-# 50 ms x 2**i (botocore.retries.standard.ExponentialBackoff).
-_BACKOFF_BASE_S = 0.05
 
-
-def silent_endpoint_bound_s() -> float:
-    """Longest an S3 call waits on an endpoint that accepts connections (or not) and never
-    answers: every timed-out attempt, and the backoff between them."""
-    backoff = sum(_BACKOFF_BASE_S * 2**i for i in range(TIMEOUT_ATTEMPTS - 1))
-    return TIMEOUT_ATTEMPTS * (CONNECT_TIMEOUT_S + READ_TIMEOUT_S) + backoff
-
-
-def _stop_retrying_timeouts(caught_exception=None, attempts=0, request_dict=None, **_kwargs):
-    """``needs-retry`` hook: a timed-out attempt is not tried again past TIMEOUT_ATTEMPTS
-    (raising here ends the call with that timeout; returning None leaves the decision to
-    the standard retry handler)."""
-    if isinstance(caught_exception, (ConnectTimeoutError, ReadTimeoutError)):
-        context = request_dict.setdefault("context", {}) if request_dict is not None else {}
-        context["ebb_timeouts"] = context.get("ebb_timeouts", 0) + 1
-        if context["ebb_timeouts"] >= TIMEOUT_ATTEMPTS:
-            raise caught_exception
-    return None
+def s3_client():
+    """A boto3 S3 client with Ebb's retry and timeout settings (``ebb.stores.aws_clients``)
+    and a connection pool for TRANSFER_CONCURRENCY parallel parts."""
+    return aws_clients.client("s3", pool=2 * TRANSFER_CONCURRENCY)
 
 
 # The client's retries end with the response headers; a body cut off mid-stream is
@@ -77,32 +48,6 @@ _MISSING_KEY = {"NoSuchKey", "404", "NotFound"}
 
 class S3StoreError(OSError):
     """An S3 call failed for another reason than a missing key; the message names the URL."""
-
-
-_session: boto3.session.Session | None = None
-_session_lock = threading.Lock()
-
-
-def s3_client():
-    """A boto3 S3 client with Ebb's retry, timeout and pool settings.
-
-    Clients come from one boto3 session per process, which parses the service model once
-    (a fresh session costs ~100 ms per client); sessions are not thread-safe, hence the
-    lock. The session resolves credentials once; endpoint and region are read per client.
-    """
-    global _session
-    config = Config(
-        retries={"mode": "standard", "max_attempts": MAX_ATTEMPTS},
-        connect_timeout=CONNECT_TIMEOUT_S,
-        read_timeout=READ_TIMEOUT_S,
-        max_pool_connections=2 * TRANSFER_CONCURRENCY,
-    )
-    with _session_lock:
-        if _session is None:
-            _session = boto3.session.Session()
-        client = _session.client("s3", config=config)
-    client.meta.events.register_first("needs-retry.s3", _stop_retrying_timeouts)
-    return client
 
 
 def transfer_config() -> TransferConfig:

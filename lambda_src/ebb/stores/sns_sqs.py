@@ -50,12 +50,15 @@ from ebb.ports.deployment import (
 from ebb.ports.messages import Directive, EndReport, MessageError, StepReport, decode_directive, decode_report, encode
 from ebb.ports.objects import ObjectStore
 
+from . import aws_clients
+
 # SNS and SQS take at most 256 KiB per message, body and attributes together (names,
 # types and values all count), and the same for all the messages of one batch request.
 MAX_MESSAGE_BYTES = 262_144
 BILLED_CHUNK_BYTES = 65_536  # each 64 KB of a request's payload is billed as one request
 MAX_BATCH = 10
 MAX_WAIT_S = 20  # SQS's longest long poll
+SQS_READ_TIMEOUT_S = MAX_WAIT_S + 10.0  # a receive answers within its wait; past this, the endpoint is silent
 LATER_ROUND_RETRY_S = 2  # a later round's message is left for its own consumer, visible again after this
 
 
@@ -134,15 +137,14 @@ class SnsSqsSignalChannel:
         sqs=None,
         max_workers: int | None = None,
     ):
-        import boto3
-
         region = _region_of(topic_arn)
         self.job, self.round = job, round_
         self.topic_arn, self.supervisor_queue_url = topic_arn, supervisor_queue_url
         self.worker_queue_prefix, self.max_workers = worker_queue_prefix, max_workers
         self.scratch = scratch
-        self.sns = sns or boto3.client("sns", region_name=region)
-        self.sqs = sqs or boto3.client("sqs", region_name=region)
+        self.sns = sns or aws_clients.client("sns", region=region)
+        # A long poll holds the socket silent for up to MAX_WAIT_S by design.
+        self.sqs = sqs or aws_clients.client("sqs", region=region, read_timeout_s=SQS_READ_TIMEOUT_S)
         self.counters = ChannelCounters()
         self.later_round_retry_s = LATER_ROUND_RETRY_S
         self._lock = threading.Lock()
