@@ -330,3 +330,33 @@ def test_a_job_trains_over_sns_sqs_round_by_round(small_ratings, stack, tmp_path
         assert all(np.array_equal(model[k], memory_model[k]) for k in memory_model)
     else:
         assert report["history"][-1]["loss"] < report["history"][0]["loss"]
+
+
+# -- what only Redis must make good -------------------------------------------------------
+def test_a_directive_taken_by_a_read_given_up_after_a_pause_is_not_lost(redis_url):
+    """A worker woken from a pause past its socket timeout gives its blocking read up and
+    reads again on a new connection, while the server (paused too) still holds the old read
+    and serves it first. The directive it hands that read waits in taken:<w> and the next
+    read returns it; a directive read normally is removed from there by the next read."""
+    channel = RedisSignalChannel(redis_url, f"paused-{time.monotonic_ns()}")
+    r = channel.r
+    dir_key, taken = f"{channel.prefix}dir:0", f"{channel.prefix}taken:0"
+    abandoned = redis.ConnectionPool.from_url(redis_url).make_connection()
+    abandoned.connect()
+    abandoned.send_command("BLMOVE", dir_key, taken, "LEFT", "RIGHT", 0)  # never read again
+    deadline = time.monotonic() + 5
+    while b"cmd=blmove" not in r.execute_command("CLIENT", "LIST", "TYPE", "normal"):
+        assert time.monotonic() < deadline, "the abandoned read never blocked"
+        time.sleep(0.01)
+    r.rpush(dir_key, json.dumps({"step": 3}))  # the abandoned read is served first
+    got = channel.next_directive(0, timeout=0.2)
+    assert got is not None and got.step == 3
+    assert r.llen(taken) == 0
+    r.rpush(dir_key, json.dumps({"step": 4}), json.dumps({"step": 5}))
+    assert channel.next_directive(0, timeout=0.2).step == 4
+    assert r.llen(taken) == 1  # until the next read
+    assert channel.next_directive(0, timeout=0).step == 5
+    assert r.lrange(taken, 0, -1) == [json.dumps({"step": 5}).encode()]
+    assert channel.next_directive(0, timeout=0.1) is None
+    assert r.llen(taken) == 0
+    abandoned.disconnect()

@@ -5,7 +5,8 @@ Updates are written as raw bytes (the binary ``RowUpdate`` encoding), one key pe
 supervisor once every worker has applied them. Keys are sharded over several Redis
 servers by worker id (MLLess §6.5). Control messages (``ebb.ports.messages``) are JSON
 documents on lists: ``reports`` (workers → supervisor) and ``dir:<worker>`` (supervisor →
-a worker), under a per-round prefix so nothing of an earlier (or crashed) round is read.
+a worker; read by moving into ``taken:<worker>``), under a per-round prefix so nothing of
+an earlier (or crashed) round is read.
 
 Every key of a job shares one hash tag, ``ebb:{<job>}:…``, and the scripts are given
 every key they touch in KEYS, so the same code runs on a cluster-mode or serverless
@@ -242,6 +243,7 @@ class RedisSignalChannel:
         self.wake_key = self.prefix + "wake"
         self._report = self.r.register_script(_REPORT)
         self._release = self.r.register_script(_RELEASE)
+        self._last_taken: dict[int, bytes] = {}  # per worker: the directive to remove from taken:<w>
 
     def _barrier_keys(self, step: int, workers: list[int]) -> list[str]:
         p = self.prefix
@@ -282,10 +284,22 @@ class RedisSignalChannel:
         return [decode_report(m) for m in reports]
 
     def next_directive(self, worker: int, timeout: float) -> Directive | None:
-        key = f"{self.prefix}dir:{worker}"
+        # A directive is moved, not popped, into taken:<worker> and removed from there with
+        # the next read: a blocking read given up by a client woken from a pause past its
+        # socket timeout may still be served by the server (paused too), and what it took
+        # then waits in taken:<worker>, not lost (docs/RELIABILITY.md, "Bounds").
+        key, taken = f"{self.prefix}dir:{worker}", f"{self.prefix}taken:{worker}"
+        pipe = self.r.pipeline(transaction=False)
+        last = self._last_taken.pop(worker, None)
+        if last is not None:
+            pipe.lrem(taken, 1, last)
         if timeout <= 0:
-            raw = self.r.lpop(key)
+            pipe.lmove(key, taken, "LEFT", "RIGHT")
         else:
-            got = self.r.blpop([key], timeout=min(timeout, BLOCK_CHUNK_S))
-            raw = got[1] if got is not None else None
+            pipe.blmove(key, taken, min(timeout, BLOCK_CHUNK_S), "LEFT", "RIGHT")
+        raw = pipe.execute()[-1]
+        if raw is not None:
+            self._last_taken[worker] = raw
+        elif timeout > 0:
+            raw = self.r.lpop(taken)  # taken by an abandoned read of ours, or nothing
         return None if raw is None else decode_directive(raw)
