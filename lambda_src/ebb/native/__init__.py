@@ -28,7 +28,7 @@ from ebb.native.build import LIBRARY
 
 _FORMS = {None: 0, "q8": 1, "f16": 2}  # the kernel's `quantize` argument
 
-KERNELS_VERSION = 7  # kernels.c's ebb_kernels_version(): a library that says otherwise is stale
+KERNELS_VERSION = 8  # kernels.c's ebb_kernels_version(): a library that says otherwise is stale
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -46,7 +46,7 @@ def _load(path: Path = LIBRARY) -> ctypes.CDLL | None:
         lib.ebb_mask_elements.restype = _I
         lib.ebb_mask_elements.argtypes = (_P, _I, _I, _I, _P, _I, _P, _P, _P, _P, _P)
         lib.ebb_isp_filter.restype = _I
-        lib.ebb_isp_filter.argtypes = (_P, _I, _P, _I, _P, _P, ctypes.c_float, ctypes.c_int, _P, _P, _P, _P, _P, _P)
+        lib.ebb_isp_filter.argtypes = (_P, _I, _P, _I, _P, _P, ctypes.c_float, ctypes.c_int, _P, _P, _P, _P, _P)
         _F = ctypes.c_float
         lib.ebb_pmf_step.restype = ctypes.c_int
         lib.ebb_pmf_step.argtypes = (_P, _P, _I, _P, _P, _P, _I, _P, _P, _F, _F, _P, _P)
@@ -149,7 +149,7 @@ def isp_filter(
     vals = np.ascontiguousarray(vals, dtype=np.float32)
     x = np.ascontiguousarray(x, dtype=np.float32)
     rows = np.ascontiguousarray(rows, dtype=np.int64)
-    delta, peaks = np.empty((k, dim), dtype=np.float32), np.empty((k, dim), dtype=np.float32)
+    backup = np.empty((k, dim), dtype=np.float32)  # the rows as they were, restored on NaN
     sent = np.empty((k, dim), dtype=np.float32)
     at = np.empty(k, dtype=np.int64)
     mode = _FORMS[form]
@@ -164,8 +164,7 @@ def isp_filter(
         x.ctypes.data,
         v,
         mode,
-        delta.ctypes.data,
-        peaks.ctypes.data,
+        backup.ctypes.data,
         sent.ctypes.data,
         None if codes is None else codes.ctypes.data,
         None if scales is None else scales.ctypes.data,

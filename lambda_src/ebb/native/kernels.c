@@ -12,7 +12,7 @@
 
 /* ebb.native loads a library only if this matches its KERNELS_VERSION: bump both when a
  * kernel's signature or meaning changes, so a stale build is never called. */
-int ebb_kernels_version(void) { return 7; }
+int ebb_kernels_version(void) { return 8; }
 
 /* Whether a kernel may use the CPU's vector instructions (where it has a path for them);
  * the tests turn it off to check the portable path gives the same bits. Returns the old. */
@@ -199,80 +199,6 @@ static float from_f16(uint16_t h) {
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
-}
-
-/* The ISP significance filter on one parameter's touched rows, as ebb.engine.isp's numpy
- * path computes it: δ = table[rows] + vals; an entry is significant when |δ| > v |x|; a
- * row is sent when one of its entries is. Sent rows go out with their significant
- * entries (quantize 1: int8 codes and a bfloat16 scale per row; 2: float16, for narrow
- * rows; 0: as they are; and the float32 values those stand for), and table[rows] keeps δ
- * minus what was sent.
- *
- * Outputs, compacted over the sent rows (q of them, in order): sent[q][dim] (float32),
- * codes[q][dim] (int8, or float16 bits) and scales[q] (quantize 1), at[q] (their
- * positions among `rows`).
- * delta and peaks are scratch, [k][dim] floats each (sent must hold [k][dim] too).
- * Returns q, or -1 when a row holds NaN or infinity (a diverging model): then nothing is
- * written to `table` and the caller runs numpy, whose rounding of those rows is its own.
- *
- * The entries are done in flat passes free of branches (significance is random, and a
- * mispredicted branch per entry costs more than the arithmetic), so they vectorise. */
-int64_t ebb_isp_filter(float *restrict table, int64_t dim, const int64_t *restrict rows, int64_t k,
-                       const float *restrict vals, const float *restrict x, float v, int quantize,
-                       float *restrict delta, float *restrict peaks, float *restrict sent,
-                       void *restrict codes, uint16_t *restrict scales, int64_t *restrict at) {
-    const int64_t n = k * dim;
-    for (int64_t r = 0; r < k; r++) memcpy(delta + r * dim, table + rows[r] * dim, (size_t)dim * sizeof(float));
-    uint32_t *mbits = (uint32_t *)peaks;
-    for (int64_t i = 0; i < n; i++) {
-        float dj = delta[i] + vals[i];
-        float mag = fabsf(dj);
-        float sig = mag > fabsf(x[i]) * v ? 1.0f : 0.0f; /* NaN compares false */
-        delta[i] = dj;
-        sent[i] = dj * sig;
-        peaks[i] = mag * sig; /* ≥ +0, or NaN */
-    }
-    int64_t q = 0;
-    for (int64_t r = 0; r < k; r++) {
-        /* A row's largest |sent value|: as bit patterns, non-negative floats order as
-         * integers, and NaN and infinity lie above every finite one. */
-        uint32_t top = 0;
-        const uint32_t *mb = mbits + r * dim;
-        for (int64_t j = 0; j < dim; j++) top = mb[j] > top ? mb[j] : top;
-        if (top >= 0x7f800000u) return -1;
-        if (top == 0) continue; /* nothing significant: δ stays as it is */
-        float *o = sent + q * dim, *d = delta + r * dim;
-        if (q != r) memcpy(o, sent + r * dim, (size_t)dim * sizeof(float));
-        if (quantize == 2) {
-            uint16_t *h = (uint16_t *)codes + q * dim;
-            for (int64_t j = 0; j < dim; j++) {
-                float c = o[j] < -65504.0f ? -65504.0f : o[j];
-                c = c > 65504.0f ? 65504.0f : c;
-                h[j] = to_f16(c);
-                o[j] = from_f16(h[j]);
-            }
-        } else if (quantize) {
-            float peak;
-            memcpy(&peak, &top, sizeof peak);
-            uint16_t s16 = to_bf16(peak / 127.0f);
-            if ((s16 & 0x7fffu) == 0) s16 = 0x3f80u; /* a zero scale (the peak underflowed): 1.0 */
-            const float s = from_bf16(s16);
-            int8_t *c = (int8_t *)codes + q * dim;
-            for (int64_t j = 0; j < dim; j++) {
-                float rc = rint_small(o[j] / s);
-                rc = rc < -127.0f ? -127.0f : rc;
-                rc = rc > 127.0f ? 127.0f : rc;
-                int code = (int)rc; /* (from the int: rc may be -0.0, a code is +0) */
-                c[j] = (int8_t)code;
-                o[j] = (float)code * s;
-            }
-            scales[q] = s16;
-        }
-        for (int64_t j = 0; j < dim; j++) d[j] -= o[j];
-        at[q++] = r;
-    }
-    for (int64_t r = 0; r < k; r++) memcpy(table + rows[r] * dim, delta + r * dim, (size_t)dim * sizeof(float));
-    return q;
 }
 
 /* ---- Applying a step's updates: every payload decoded and added in one call ----
@@ -700,6 +626,122 @@ static void add_table_any(wire_entry *const *list, int64_t n, float *table, int6
     }
 #endif
     add_table_portable(list, n, table, n_rows, dim, counts, divide, per);
+}
+
+/* The ISP significance filter on one parameter's touched rows, as ebb.engine.isp's numpy
+ * path computes it: δ = table[rows] + vals; an entry is significant when |δ| > v |x|; a
+ * row is sent when one of its entries is. Sent rows go out with their significant
+ * entries (quantize 1: int8 codes and a bfloat16 scale per row; 2: float16, for narrow
+ * rows; 0: as they are; and the float32 values those stand for), and table[rows] keeps δ
+ * minus what was sent.
+ *
+ * Outputs, compacted over the sent rows (q of them, in order): sent[q][dim] (float32),
+ * codes[q][dim] (int8, or float16 bits) and scales[q] (quantize 1), at[q] (their
+ * positions among `rows`, which are unique). backup is scratch, [k][dim] floats.
+ * Returns q, or -1 when a row holds NaN or infinity (a diverging model): then `table` is
+ * as it was (its rows restored from backup) and the caller runs numpy, whose rounding
+ * of those rows is its own.
+ *
+ * One pass, a row at a time: its δ, significance and peak, then (if sent) its codes, and
+ * its new δ written back while the row is in cache. The entries of a row are done free of
+ * branches (significance is random, and a mispredicted branch per entry costs more than
+ * the arithmetic), so they vectorise. */
+APPLY_BODY int64_t isp_filter_rows(float *restrict table, int64_t dim, const int64_t *restrict rows, int64_t k,
+                                   const float *restrict vals, const float *restrict x, float v, int quantize,
+                                   float *restrict backup, float *restrict sent, void *restrict codes,
+                                   uint16_t *restrict scales, int64_t *restrict at) {
+    int64_t q = 0;
+    for (int64_t r = 0; r < k; r++) {
+        if (r + AHEAD < k) prefetch_row(table, rows[r + AHEAD], dim);
+        float *restrict t = table + rows[r] * dim, *restrict old = backup + r * dim, *restrict o = sent + q * dim;
+        const float *restrict u = vals + r * dim, *restrict xr = x + r * dim;
+        /* A row's largest |sent value|: as bit patterns, non-negative floats order as
+         * integers, and NaN and infinity lie above every finite one. */
+        uint32_t top = 0;
+        for (int64_t j = 0; j < dim; j++) {
+            const float was = t[j];
+            const float dj = was + u[j];
+            const float mag = fabsf(dj);
+            const float sig = mag > fabsf(xr[j]) * v ? 1.0f : 0.0f; /* NaN compares false */
+            const float peak = mag * sig;                             /* ≥ +0, or NaN */
+            uint32_t bits;
+            memcpy(&bits, &peak, sizeof bits);
+            top = bits > top ? bits : top;
+            old[j] = was;
+            t[j] = dj;
+            o[j] = dj * sig;
+        }
+        if (top >= 0x7f800000u) {
+            for (int64_t i = 0; i <= r; i++) memcpy(table + rows[i] * dim, backup + i * dim, (size_t)dim * sizeof(float));
+            return -1;
+        }
+        if (top == 0) continue; /* nothing significant: δ stays as it is */
+        if (quantize == 2) {
+            uint16_t *h = (uint16_t *)codes + q * dim;
+            for (int64_t j = 0; j < dim; j++) {
+                float c = o[j] < -65504.0f ? -65504.0f : o[j];
+                c = c > 65504.0f ? 65504.0f : c;
+                h[j] = to_f16(c);
+                o[j] = from_f16(h[j]);
+            }
+        } else if (quantize) {
+            float peak;
+            memcpy(&peak, &top, sizeof peak);
+            uint16_t s16 = to_bf16(peak / 127.0f);
+            if ((s16 & 0x7fffu) == 0) s16 = 0x3f80u; /* a zero scale (the peak underflowed): 1.0 */
+            const float sc = from_bf16(s16);
+            int8_t *c = (int8_t *)codes + q * dim;
+            /* Two loops, so that each vectorises (one mixing the clamps and the narrowing
+             * to int8 does not): the rounded codes as floats, then the codes and values. */
+            for (int64_t j = 0; j < dim; j++) {
+                float rc = rint_small(o[j] / sc);
+                rc = rc < -127.0f ? -127.0f : rc;
+                o[j] = rc > 127.0f ? 127.0f : rc;
+            }
+            for (int64_t j = 0; j < dim; j++) {
+                const int32_t code = (int32_t)o[j]; /* (from the int: a code may be -0.0, its value +0) */
+                c[j] = (int8_t)code;
+                o[j] = (float)code * sc;
+            }
+            scales[q] = s16;
+        }
+        for (int64_t j = 0; j < dim; j++) t[j] -= o[j];
+        at[q++] = r;
+    }
+    return q;
+}
+
+/* PMF's rows at the default rank (20, and a bias: 21 wide) have an instance of their own,
+ * the row's length known to the compiler. */
+APPLY_BODY int64_t isp_filter_sized(float *table, int64_t dim, const int64_t *rows, int64_t k, const float *vals,
+                                    const float *x, float v, int quantize, float *backup, float *sent, void *codes,
+                                    uint16_t *scales, int64_t *at) {
+    if (dim == 21) return isp_filter_rows(table, 21, rows, k, vals, x, v, quantize, backup, sent, codes, scales, at);
+    return isp_filter_rows(table, dim, rows, k, vals, x, v, quantize, backup, sent, codes, scales, at);
+}
+
+/* Portable C, and on x86-64 for CPUs with AVX2 (8 entries wide), chosen at run time; the same bits. */
+static int64_t isp_filter_portable(float *table, int64_t dim, const int64_t *rows, int64_t k, const float *vals,
+                                   const float *x, float v, int quantize, float *backup, float *sent, void *codes,
+                                   uint16_t *scales, int64_t *at) {
+    return isp_filter_sized(table, dim, rows, k, vals, x, v, quantize, backup, sent, codes, scales, at);
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static int64_t isp_filter_avx2(float *table, int64_t dim, const int64_t *rows,
+                                                                int64_t k, const float *vals, const float *x, float v,
+                                                                int quantize, float *backup, float *sent, void *codes,
+                                                                uint16_t *scales, int64_t *at) {
+    return isp_filter_sized(table, dim, rows, k, vals, x, v, quantize, backup, sent, codes, scales, at);
+}
+#endif
+
+int64_t ebb_isp_filter(float *table, int64_t dim, const int64_t *rows, int64_t k, const float *vals, const float *x,
+                       float v, int quantize, float *backup, float *sent, void *codes, uint16_t *scales, int64_t *at) {
+#if defined(__x86_64__)
+    if (use_simd && __builtin_cpu_supports("avx2"))
+        return isp_filter_avx2(table, dim, rows, k, vals, x, v, quantize, backup, sent, codes, scales, at);
+#endif
+    return isp_filter_portable(table, dim, rows, k, vals, x, v, quantize, backup, sent, codes, scales, at);
 }
 
 /* Whether an entry's rows count as touchers: a payload's touched rows where it sent
