@@ -458,10 +458,17 @@ __attribute__((target("avx2"))) static inline int64_t q8_row_avx2(float *t, cons
         float *o = t + 8 * w;
         if (8 * w + 8 <= dim)
             _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), v));
-        else {
-            float part[8];
-            _mm256_storeu_ps(part, v);
-            for (int64_t j = 0; j < dim - 8 * w; j++) o[j] += part[j];
+        else { /* the row's last 1-7 entries: four at once, then one at a time */
+            __m128 part = _mm256_castps256_ps128(v);
+            int64_t left = dim - 8 * w;
+            if (left >= 4) {
+                _mm_storeu_ps(o, _mm_add_ps(_mm_loadu_ps(o), part));
+                part = _mm256_extractf128_ps(v, 1);
+                left -= 4, o += 4;
+            }
+            float rest[4];
+            _mm_storeu_ps(rest, part);
+            for (int64_t j = 0; j < left; j++) o[j] += rest[j];
         }
         p += COUNT[b];
     }
