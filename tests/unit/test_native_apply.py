@@ -3,6 +3,8 @@ decoding each payload and ``RowMean.apply``: the replica's bits must be the same
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,17 @@ from ebb.sparse import RowUpdate
 pytestmark = pytest.mark.skipif(not native.available(), reason="the compiled kernels are not built")
 
 ROWS = {"user": 300, "item": 200, "user_bias": 300, "item_bias": 200}
-DIMS = {"user": 8, "item": 8, "user_bias": 1, "item_bias": 1}
+DIMS = {"user": 8, "item": 21, "user_bias": 1, "item_bias": 1}  # 21: PMF's rows, a group of 8 and a tail of 5
+
+
+@pytest.fixture(params=[True, False], ids=["simd", "portable"], autouse=True)
+def simd(request):
+    """Every test on the kernel's vector instance (AVX2 on x86-64, where the CPU has it) and its portable C."""
+    lib = native._lib
+    lib.ebb_set_simd.restype = ctypes.c_int
+    was = lib.ebb_set_simd(int(request.param))
+    yield request.param
+    lib.ebb_set_simd(was)
 
 
 def _params(seed: int) -> dict[str, torch.Tensor]:
