@@ -28,7 +28,7 @@ from ebb.native.build import LIBRARY
 
 _FORMS = {None: 0, "q8": 1, "f16": 2}  # the kernel's `quantize` argument
 
-KERNELS_VERSION = 8  # kernels.c's ebb_kernels_version(): a library that says otherwise is stale
+KERNELS_VERSION = 9  # kernels.c's ebb_kernels_version(): a library that says otherwise is stale
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -45,6 +45,8 @@ def _load(path: Path = LIBRARY) -> ctypes.CDLL | None:
         lib.ebb_expand_q8.argtypes = (_P, _I, _I, _I, _P, _I, _P, _P)
         lib.ebb_mask_elements.restype = _I
         lib.ebb_mask_elements.argtypes = (_P, _I, _I, _I, _P, _I, _P, _P, _P, _P, _P)
+        lib.ebb_pack_masked.restype = _I
+        lib.ebb_pack_masked.argtypes = (_P, ctypes.c_int, _I, _I, _P, _P)
         lib.ebb_isp_filter.restype = _I
         lib.ebb_isp_filter.argtypes = (_P, _I, _P, _I, _P, _P, ctypes.c_float, ctypes.c_int, _P, _P, _P, _P, _P)
         _F = ctypes.c_float
@@ -122,6 +124,19 @@ def mask_elements(
         n,
     )
     return rows, flat, vals
+
+
+def pack_masked(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows [k, dim] (int8, float16 or float32) in the wire's masked form, in one pass: each
+    row's mask of its non-zero entries (uint8 [k, ceil(dim/8)], LSB first) and those
+    entries in order [nnz]; what ``np.packbits(v != 0, axis=1, bitorder="little")`` and
+    ``v[v != 0]`` give."""
+    k, dim = v.shape
+    v = np.ascontiguousarray(v)
+    masks = np.empty((k, (dim + 7) // 8), dtype=np.uint8)
+    carried = np.empty(k * dim + 8 // v.itemsize, dtype=v.dtype)  # the kernel writes 8 bytes at a time
+    nnz = _lib.ebb_pack_masked(v.ctypes.data, v.itemsize, k, dim, masks.ctypes.data, carried.ctypes.data)
+    return masks, carried[:nnz]
 
 
 def _check_count(carried: int, n: int) -> None:

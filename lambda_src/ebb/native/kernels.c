@@ -12,7 +12,7 @@
 
 /* ebb.native loads a library only if this matches its KERNELS_VERSION: bump both when a
  * kernel's signature or meaning changes, so a stale build is never called. */
-int ebb_kernels_version(void) { return 8; }
+int ebb_kernels_version(void) { return 9; }
 
 /* Whether a kernel may use the CPU's vector instructions (where it has a path for them);
  * the tests turn it off to check the portable path gives the same bits. Returns the old. */
@@ -29,12 +29,18 @@ int ebb_simd_enabled(void) { return use_simd; }
  * it carries. */
 static uint8_t SLOT[256][16] __attribute__((aligned(16)));
 static uint8_t COUNT[256];
+/* Its inverse, for encoding: which of a group's 8 entries is the row's next carried one
+ * (the positions of b's set bits in order, then 0x80). */
+static uint8_t PICK[256][16] __attribute__((aligned(16)));
 /* At load time, before any caller (ctypes calls may run on several threads at once). */
 __attribute__((constructor)) static void init_tables(void) {
     for (int b = 0; b < 256; b++) {
         int n = 0;
         for (int j = 0; j < 16; j++) SLOT[b][j] = j < 8 && (b >> j) & 1 ? (uint8_t)n++ : 0x80;
         COUNT[b] = (uint8_t)n;
+        for (int j = 0; j < 16; j++) PICK[b][j] = 0x80;
+        for (int j = 0, m = 0; j < 8; j++)
+            if ((b >> j) & 1) PICK[b][m++] = (uint8_t)j;
     }
 }
 
@@ -633,6 +639,94 @@ static void add_table_any(wire_entry *const *list, int64_t n, float *table, int6
     }
 #endif
     add_table_portable(list, n, table, n_rows, dim, counts, divide, per);
+}
+
+/* ---- Encoding masked rows ----
+ *
+ * What ebb.sparse's encoder does for a masked values entry, in one pass: each row's mask
+ * (bit j of byte w set when entry 8w + j is not zero: LSB first, `width` = ceil(dim/8)
+ * bytes a row, padding bits clear) into masks[k][width], and the non-zero entries in
+ * order into carried. v: k × dim entries of `size` bytes (1: int8 codes, 2: float16
+ * bits, 4: float32). carried must hold k × dim entries and 8 bytes more. Returns the
+ * entries carried. */
+
+/* Whether an entry is zero as numpy's `v != 0` sees it: for floats, -0.0 is (not carried) and NaN is not. */
+APPLY_BODY int pack_is_zero(const uint8_t *p, int size) {
+    if (size == 1) return p[0] == 0;
+    if (size == 2) return (rd16(p) & 0x7fffu) == 0;
+    return (rd32(p) & 0x7fffffffu) == 0;
+}
+
+#if defined(__x86_64__)
+/* int8 codes: a group's zeros by one compare, its carried codes by one shuffle. */
+__attribute__((target("avx2"))) static inline int64_t pack_q8_avx2(const uint8_t *v, int64_t k, int64_t dim,
+                                                                    uint8_t *masks, uint8_t *carried) {
+    const int64_t width = (dim + 7) / 8, total = k * dim;
+    const unsigned tail_mask = tail_mask_of(dim, width);
+    int64_t n = 0;
+    for (int64_t r = 0; r < k; r++)
+        for (int64_t w = 0; w < width; w++) {
+            const int64_t at = r * dim + 8 * w;
+            __m128i c;
+            if (at + 8 <= total)
+                c = _mm_loadl_epi64((const __m128i *)(v + at));
+            else {
+                uint8_t near_end[8] = {0};
+                memcpy(near_end, v + at, (size_t)(total - at));
+                c = _mm_loadl_epi64((const __m128i *)near_end);
+            }
+            unsigned b = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(c, _mm_setzero_si128())) & 0xffu;
+            if (w + 1 == width) b &= tail_mask;
+            masks[r * width + w] = (uint8_t)b;
+            _mm_storel_epi64((__m128i *)(carried + n), _mm_shuffle_epi8(c, _mm_load_si128((const __m128i *)PICK[b])));
+            n += COUNT[b];
+        }
+    return n;
+}
+#endif
+
+APPLY_BODY int64_t pack_masked_body(int simd, const uint8_t *v, int size, int64_t k, int64_t dim, uint8_t *masks,
+                                    uint8_t *carried) {
+    const int64_t width = (dim + 7) / 8;
+    int64_t n = 0;
+#if defined(__x86_64__)
+    if (simd && size == 1) return pack_q8_avx2(v, k, dim, masks, carried);
+#else
+    (void)simd;
+#endif
+    for (int64_t r = 0; r < k; r++)
+        for (int64_t w = 0; w < width; w++) {
+            const int64_t jmax = dim - 8 * w < 8 ? dim - 8 * w : 8;
+            unsigned b = 0;
+            for (int64_t j = 0; j < jmax; j++) {
+                const uint8_t *p = v + (r * dim + 8 * w + j) * size;
+                const int keep = !pack_is_zero(p, size);
+                memcpy(carried + n * size, p, (size_t)size); /* (overwritten unless kept) */
+                b |= (unsigned)keep << j;
+                n += keep;
+            }
+            masks[r * width + w] = (uint8_t)b;
+        }
+    return n;
+}
+
+static int64_t pack_masked_portable(const uint8_t *v, int size, int64_t k, int64_t dim, uint8_t *masks,
+                                    uint8_t *carried) {
+    return pack_masked_body(0, v, size, k, dim, masks, carried);
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static int64_t pack_masked_avx2(const uint8_t *v, int size, int64_t k, int64_t dim,
+                                                                 uint8_t *masks, uint8_t *carried) {
+    return pack_masked_body(1, v, size, k, dim, masks, carried);
+}
+#endif
+
+int64_t ebb_pack_masked(const uint8_t *v, int size, int64_t k, int64_t dim, uint8_t *masks, uint8_t *carried) {
+    if (k == 0 || dim == 0) return 0;
+#if defined(__x86_64__)
+    if (use_simd && __builtin_cpu_supports("avx2")) return pack_masked_avx2(v, size, k, dim, masks, carried);
+#endif
+    return pack_masked_portable(v, size, k, dim, masks, carried);
 }
 
 /* The ISP significance filter on one parameter's touched rows, as ebb.engine.isp's numpy
