@@ -462,7 +462,7 @@ __attribute__((target("avx2"))) static inline int64_t q8_row_avx2(float *t, cons
         }
         c = _mm_shuffle_epi8(c, _mm_load_si128((const __m128i *)SLOT[b]));
         __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), vs);
-        if (d != 1.0f) v = _mm256_div_ps(v, vd); /* (x / 1 is x: skipped, the bits the same) */
+        v = _mm256_div_ps(v, vd); /* (always: whether a row is shared is random, a branch on it mispredicted) */
         float *o = t + 8 * w;
         if (8 * w + 8 <= dim)
             _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), v));
@@ -498,10 +498,7 @@ APPLY_BODY void add_entry_form(wire_entry *e, int form, int simd, int64_t hi, fl
             const float d = divisor_of(counts, e->idx[r], divide, per);
             const float s = form == W_Q8 ? from_bf16(rd16(e->scales + 2 * r)) : 1.0f;
             float *t = table + e->idx[r] * dim;
-            if (d == 1.0f)
-                for (int64_t j = 0; j < dim; j++) t[j] += wire_value(vals, form, r * dim + j, s);
-            else
-                for (int64_t j = 0; j < dim; j++) t[j] += wire_value(vals, form, r * dim + j, s) / d;
+            for (int64_t j = 0; j < dim; j++) t[j] += wire_value(vals, form, r * dim + j, s) / d;
         }
         e->r = r;
         return;
