@@ -421,7 +421,7 @@ static inline float wire_value(const uint8_t *vals, int form, int64_t q, float s
 
 /* The rows of a table a step touches are scattered over more than the caches hold: the
  * row AHEAD rows on is fetched while this one is added. */
-#define AHEAD 16
+#define AHEAD 32
 #define BLOCK_BYTES (256 * 1024) /* a block of a table's rows that a core's cache holds */
 #define APPLY_BODY static inline __attribute__((always_inline))
 APPLY_BODY void prefetch_row(const float *table, int64_t row, int64_t dim) {
