@@ -487,9 +487,9 @@ __attribute__((target("avx2"))) static inline int64_t q8_row_avx2(float *t, cons
 /* The rows of one values entry below row `hi`, from its cursor on (e->r, e->q), of one
  * form (a constant where inlined: the compiler makes a loop per form); `simd` (a
  * constant too) for the AVX2 instance. */
-APPLY_BODY void add_entry_form(wire_entry *e, int form, int simd, int64_t hi, float *table, const float *counts,
-                               int divide, float per) {
-    const int64_t k = e->k, dim = e->dim;
+APPLY_BODY void add_entry_form(wire_entry *e, int form, int simd, int64_t dim, int64_t hi, float *table,
+                               const float *counts, int divide, float per) {
+    const int64_t k = e->k;
     const uint8_t *vals = e->vals;
     int64_t r = e->r, q = e->q;
     if (!(e->flags & W_MASKED)) {
@@ -586,14 +586,14 @@ APPLY_BODY void add_entry_form(wire_entry *e, int form, int simd, int64_t hi, fl
     e->r = r, e->q = q;
 }
 
-APPLY_BODY void add_entry(wire_entry *e, int simd, int64_t hi, float *table, const float *counts, int divide,
-                          float per) {
+APPLY_BODY void add_entry(wire_entry *e, int simd, int64_t dim, int64_t hi, float *table, const float *counts,
+                          int divide, float per) {
     if (e->flags & W_Q8)
-        add_entry_form(e, W_Q8, simd, hi, table, counts, divide, per);
+        add_entry_form(e, W_Q8, simd, dim, hi, table, counts, divide, per);
     else if (e->flags & W_F16)
-        add_entry_form(e, W_F16, simd, hi, table, counts, divide, per);
+        add_entry_form(e, W_F16, simd, dim, hi, table, counts, divide, per);
     else
-        add_entry_form(e, 0, simd, hi, table, counts, divide, per);
+        add_entry_form(e, 0, simd, dim, hi, table, counts, divide, per);
 }
 
 static int ascending(const int64_t *idx, int64_t k) {
@@ -612,21 +612,31 @@ APPLY_BODY void add_table(int simd, wire_entry *const *list, int64_t n, float *t
     const int64_t block = sorted ? (BLOCK_BYTES / (int64_t)sizeof(float) + dim - 1) / dim : n_rows;
     for (int64_t lo = 0; lo < n_rows; lo += block) {
         const int64_t hi = lo + block < n_rows ? lo + block : n_rows;
-        for (int64_t i = 0; i < n; i++) add_entry(list[i], simd, hi, table, counts, divide, per);
+        for (int64_t i = 0; i < n; i++) add_entry(list[i], simd, dim, hi, table, counts, divide, per);
     }
+}
+
+/* PMF's rows at the default rank (21 wide) have an instance of their own, their length
+ * known to the compiler. (Every entry of a table is as wide as it: parse_payload checks.) */
+APPLY_BODY void add_table_sized(int simd, wire_entry *const *list, int64_t n, float *table, int64_t n_rows,
+                                int64_t dim, const float *counts, int divide, float per) {
+    if (dim == 21)
+        add_table(simd, list, n, table, n_rows, 21, counts, divide, per);
+    else
+        add_table(simd, list, n, table, n_rows, dim, counts, divide, per);
 }
 
 /* add_table twice: portable C, and on x86-64 for CPUs with AVX2 (8 floats wide, masked
  * int8 rows expanded by byte shuffles), chosen at run time. Both give the same bits. */
 static void add_table_portable(wire_entry *const *list, int64_t n, float *table, int64_t n_rows, int64_t dim,
                                const float *counts, int divide, float per) {
-    add_table(0, list, n, table, n_rows, dim, counts, divide, per);
+    add_table_sized(0, list, n, table, n_rows, dim, counts, divide, per);
 }
 #if defined(__x86_64__)
 __attribute__((target("avx2"))) static void add_table_avx2(wire_entry *const *list, int64_t n, float *table,
                                                             int64_t n_rows, int64_t dim, const float *counts,
                                                             int divide, float per) {
-    add_table(1, list, n, table, n_rows, dim, counts, divide, per);
+    add_table_sized(1, list, n, table, n_rows, dim, counts, divide, per);
 }
 #endif
 static void add_table_any(wire_entry *const *list, int64_t n, float *table, int64_t n_rows, int64_t dim,
