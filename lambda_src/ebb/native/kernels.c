@@ -238,6 +238,7 @@ typedef struct {
     int rows_form; /* values decoded as whole rows (else single entries) */
     int64_t k, dim, nnz;
     const int64_t *idx; /* k row ids */
+    int64_t lo, hi;     /* their least and greatest (k > 0) */
     int64_t *owned;     /* idx, when this entry allocated it */
     const uint8_t *masks, *scales, *vals;
     int64_t r, q; /* while adding: the next row, and the next carried value */
@@ -329,6 +330,7 @@ static int parse_payload(const uint8_t *buf, int64_t len, int64_t n_params, cons
             off += 4;
             if (j >= (uint32_t)i) return APPLY_CORRUPT;
             const wire_entry *ref = &out->e[j];
+            e->lo = ref->lo, e->hi = ref->hi; /* (a subset's rows lie within its superset's range) */
             if (e->flags & W_SAME) {
                 if (ref->k != k) return APPLY_CORRUPT;
                 e->idx = ref->idx;
@@ -352,6 +354,7 @@ static int parse_payload(const uint8_t *buf, int64_t len, int64_t n_params, cons
                 int64_t row = rd32(buf + off);
                 e->owned[0] = row;
                 for (int64_t r = 1; r < k; r++) e->owned[r] = row += rd16(buf + off + 4 + 2 * (r - 1));
+                e->lo = e->owned[0], e->hi = row; /* (gaps are not negative) */
                 off += 4 + 2 * (k - 1);
             } else if (e->flags & W_BITMAP) {
                 NEED(4);
@@ -360,16 +363,21 @@ static int parse_payload(const uint8_t *buf, int64_t len, int64_t n_params, cons
                 NEED((n_bits + 7) / 8);
                 if (popcount_bits(buf + off, n_bits) != k) return APPLY_CORRUPT;
                 set_bits(buf + off, n_bits, NULL, e->owned);
+                if (k) e->lo = e->owned[0], e->hi = e->owned[k - 1];
                 off += (n_bits + 7) / 8;
             } else {
                 NEED(4 * k);
-                for (int64_t r = 0; r < k; r++) e->owned[r] = (int32_t)rd32(buf + off + 4 * r);
+                int64_t lo = INT64_MAX, hi = INT64_MIN;
+                for (int64_t r = 0; r < k; r++) {
+                    const int64_t row = e->owned[r] = (int32_t)rd32(buf + off + 4 * r);
+                    lo = row < lo ? row : lo;
+                    hi = row > hi ? row : hi;
+                }
+                e->lo = lo, e->hi = hi;
                 off += 4 * k;
             }
         }
-        if (e->param >= 0)
-            for (int64_t r = 0; r < k; r++)
-                if (e->idx[r] < 0 || e->idx[r] >= n_rows[e->param]) return APPLY_BAD_ROW;
+        if (e->param >= 0 && k && (e->lo < 0 || e->hi >= n_rows[e->param])) return APPLY_BAD_ROW;
         if (e->kind == 1) {
             out->has_touched = 1;
             continue;
