@@ -92,6 +92,15 @@ def test_a_single_own_update_and_no_sources_are_applied_as_in_python():
     _same_bits(*_both([]))
 
 
+def test_payloads_in_any_buffer_type_apply_as_bytes():
+    g = torch.Generator().manual_seed(7)
+    payloads = [_update(g).encode() for _ in range(3)]
+    want, _ = _both(payloads)
+    got = _params(0)
+    RowMean(got).apply_wire(got, [payloads[0], bytearray(payloads[1]), memoryview(payloads[2])])
+    _same_bits(got, want)
+
+
 def test_a_payload_of_a_name_the_replica_lacks_is_skipped():
     g = torch.Generator().manual_seed(3)
     upd = _update(g)

@@ -327,7 +327,7 @@ def _tables_args(names: tuple[str, ...], tables: tuple[torch.Tensor, ...], count
 def apply_payloads(
     tables: dict[str, torch.Tensor],
     counts: dict[str, torch.Tensor],
-    sources: Sequence[bytes | dict[str, tuple[torch.Tensor, torch.Tensor]]],
+    sources: Sequence[bytes | bytearray | memoryview | dict[str, tuple[torch.Tensor, torch.Tensor]]],
     divide: bool,
     per: float,
     element_cost: int,
@@ -352,9 +352,11 @@ def apply_payloads(
             return False
     tabled = _tables_args(tuple(names), tuple(tables[m] for m in names), tuple(counts[m] for m in names))
     n, p = len(sources), len(names)
-    # A payload's bytes are passed by address (c_char_p: no copy); the own slot stays NULL.
-    bufs = (ctypes.c_char_p * n)(*(None if isinstance(s, dict) else s for s in sources))
-    lens = (ctypes.c_int64 * n)(*(0 if isinstance(s, dict) else len(s) for s in sources))
+    # A payload's bytes are passed by address (c_char_p: no copy; another buffer type is
+    # copied to bytes first); the own slot stays NULL.
+    wire = [None if isinstance(s, dict) else s if type(s) is bytes else bytes(s) for s in sources]
+    bufs = (ctypes.c_char_p * n)(*wire)
+    lens = (ctypes.c_int64 * n)(*(0 if w is None else len(w) for w in wire))
     own_at, keep = -1, []
     own_rows, own_vals, own_k = (ctypes.c_void_p * p)(), (ctypes.c_void_p * p)(), (ctypes.c_int64 * p)(*([-1] * p))
     for s, source in enumerate(sources):
