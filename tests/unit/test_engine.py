@@ -336,6 +336,7 @@ def test_the_report_gives_the_cpu_of_a_worker_step_by_phase(small_ratings, tmp_p
     summed = {p: sum(m.cpu_timing.get(p, 0.0) for m in signals.log) for p in per_step}
     for phase, ms in per_step.items():
         assert ms == pytest.approx(1000 * summed[phase] / len(steps), abs=1e-3)
+    # The report rounds cpu_critical_seconds to the millisecond: up to 0.5 ms over all steps.
     assert totals["busiest_cpu_ms_per_step"] == pytest.approx(
-        1000 * totals["cpu_critical_seconds"] / report["steps"], rel=1e-2, abs=1e-3
+        1000 * totals["cpu_critical_seconds"] / report["steps"], abs=0.5 / report["steps"] + 1e-3
     )

@@ -164,10 +164,19 @@ def _filter_run(
     return out, {n: p.clone() for n, p in flt.pending.items()}
 
 
+@pytest.fixture(params=[True, False], ids=["simd", "portable"])
+def simd(request, library):
+    """The kernels' vector instances (AVX2 on x86-64, where the CPU has it) or their portable C."""
+    was = library.ebb_set_simd(int(request.param))
+    yield request.param
+    library.ebb_set_simd(was)
+
+
 @pytest.mark.parametrize("quantize", [True, False])
 @pytest.mark.parametrize("v", [0.0, 0.05, 0.7, 5.0])
-def test_the_filter_is_bit_identical_to_numpy(monkeypatch, library, v, quantize):
-    dims = {"w": 21, "narrow": 3, "bias": 1, "wide": 40}
+def test_the_filter_is_bit_identical_to_numpy(monkeypatch, library, simd, v, quantize):
+    """Rows 21 wide (PMF's default rank: an instance of their own) and others, vector and portable."""
+    dims = {"w": 21, "narrow": 3, "bias": 1, "wide": 40, "odd": 13}
     kernel, done = native.isp_filter, []
     monkeypatch.setattr(native, "isp_filter", lambda *a: done.append(kernel(*a)) or done[-1])
     fast, fast_pending = _filter_run(monkeypatch, library, v, quantize, dims)
@@ -183,7 +192,26 @@ def test_the_filter_is_bit_identical_to_numpy(monkeypatch, library, v, quantize)
         assert torch.equal(fast_pending[name].view(torch.int32), acc.view(torch.int32))
 
 
-def test_a_nan_in_the_update_leaves_the_filter_to_numpy(monkeypatch, library):
+@pytest.mark.parametrize("dtype", [np.int8, np.float16, np.float32])
+@pytest.mark.parametrize("dim", [1, 5, 8, 13, 21, 40])
+def test_packing_masked_rows_is_what_numpy_gives(monkeypatch, library, simd, dtype, dim):
+    """The encoder's masks and carried entries; -0.0 counts as zero and NaN does not, as in numpy."""
+    monkeypatch.setattr(native, "_lib", library)
+    rng = np.random.default_rng(dim)
+    v = (rng.standard_normal((301, dim)) * 40).astype(dtype) * (rng.random((301, dim)) < 0.4).astype(dtype)
+    if dtype != np.int8:
+        v[0, 0], v[1, -1], v[2, :] = -0.0, np.nan, -0.0
+    masks, carried = native.pack_masked(v)
+    keep = v != 0
+    padded = np.zeros((301, 8 * masks.shape[1]), dtype=bool)
+    padded[:, :dim] = keep
+    assert np.array_equal(masks, np.packbits(padded, axis=1, bitorder="little"))
+    assert carried.dtype == v.dtype
+    assert np.array_equal(carried.view(f"u{v.itemsize}"), v[keep].view(f"u{v.itemsize}"))
+
+
+def test_a_nan_in_the_update_leaves_the_filter_to_numpy(monkeypatch, library, simd):
+    """The kernel meets the NaN at the 8th row, having written 7: it puts them back."""
     dims = {"w": 21}
     fast, fast_pending = _filter_run(monkeypatch, library, 0.7, True, dims, nan_at=2)
     slow, slow_pending = _filter_run(monkeypatch, None, 0.7, True, dims, nan_at=2)

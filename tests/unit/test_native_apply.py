@@ -3,6 +3,8 @@ decoding each payload and ``RowMean.apply``: the replica's bits must be the same
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,17 @@ from ebb.sparse import RowUpdate
 pytestmark = pytest.mark.skipif(not native.available(), reason="the compiled kernels are not built")
 
 ROWS = {"user": 300, "item": 200, "user_bias": 300, "item_bias": 200}
-DIMS = {"user": 8, "item": 8, "user_bias": 1, "item_bias": 1}
+DIMS = {"user": 8, "item": 21, "user_bias": 1, "item_bias": 1}  # 21: PMF's rows, a group of 8 and a tail of 5
+
+
+@pytest.fixture(params=[True, False], ids=["simd", "portable"], autouse=True)
+def simd(request):
+    """Every test on the kernel's vector instance (AVX2 on x86-64, where the CPU has it) and its portable C."""
+    lib = native._lib
+    lib.ebb_set_simd.restype = ctypes.c_int
+    was = lib.ebb_set_simd(int(request.param))
+    yield request.param
+    lib.ebb_set_simd(was)
 
 
 def _params(seed: int) -> dict[str, torch.Tensor]:
@@ -78,6 +90,15 @@ def test_a_single_own_update_and_no_sources_are_applied_as_in_python():
     g = torch.Generator().manual_seed(2)
     _same_bits(*_both([_update(g)]))
     _same_bits(*_both([]))
+
+
+def test_payloads_in_any_buffer_type_apply_as_bytes():
+    g = torch.Generator().manual_seed(7)
+    payloads = [_update(g).encode() for _ in range(3)]
+    want, _ = _both(payloads)
+    got = _params(0)
+    RowMean(got).apply_wire(got, [payloads[0], bytearray(payloads[1]), memoryview(payloads[2])])
+    _same_bits(got, want)
 
 
 def test_a_payload_of_a_name_the_replica_lacks_is_skipped():

@@ -319,11 +319,11 @@ def test_the_portable_path_gives_the_vector_paths_bits(monkeypatch, library):
         return out
 
     vector = run()
-    library.ebb_set_simd(0)
+    was = library.ebb_set_simd(0)
     try:
         portable = run()
     finally:
-        library.ebb_set_simd(1)
+        library.ebb_set_simd(was)
     for (loss, update), (want_loss, want) in zip(portable, vector):
         assert loss == want_loss
         _same_update(update, want, exact=True)

@@ -80,9 +80,7 @@ class SignificanceFilter:
         dim = table.shape[1]
         if native.available():
             form = quantized_form(dim) if self.quantize else None
-            done = native.isp_filter(
-                table, at_rows, vals.numpy().reshape(-1, dim), x_rows.numpy().reshape(-1, dim), np.float32(v_t), form
-            )
+            done = native.isp_filter(table, rows, vals.reshape(-1, dim), x_rows.reshape(-1, dim), np.float32(v_t), form)
             if done is not None:  # (None: a NaN or infinite row, for numpy below)
                 at, out_vals, codes, scales = done
                 pack: Packed | None = None

@@ -28,7 +28,7 @@ from ebb.native.build import LIBRARY
 
 _FORMS = {None: 0, "q8": 1, "f16": 2}  # the kernel's `quantize` argument
 
-KERNELS_VERSION = 6  # kernels.c's ebb_kernels_version(): a library that says otherwise is stale
+KERNELS_VERSION = 9  # kernels.c's ebb_kernels_version(): a library that says otherwise is stale
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -45,8 +45,10 @@ def _load(path: Path = LIBRARY) -> ctypes.CDLL | None:
         lib.ebb_expand_q8.argtypes = (_P, _I, _I, _I, _P, _I, _P, _P)
         lib.ebb_mask_elements.restype = _I
         lib.ebb_mask_elements.argtypes = (_P, _I, _I, _I, _P, _I, _P, _P, _P, _P, _P)
+        lib.ebb_pack_masked.restype = _I
+        lib.ebb_pack_masked.argtypes = (_P, ctypes.c_int, _I, _I, _P, _P)
         lib.ebb_isp_filter.restype = _I
-        lib.ebb_isp_filter.argtypes = (_P, _I, _P, _I, _P, _P, ctypes.c_float, ctypes.c_int, _P, _P, _P, _P, _P, _P)
+        lib.ebb_isp_filter.argtypes = (_P, _I, _P, _I, _P, _P, ctypes.c_float, ctypes.c_int, _P, _P, _P, _P, _P)
         _F = ctypes.c_float
         lib.ebb_pmf_step.restype = ctypes.c_int
         lib.ebb_pmf_step.argtypes = (_P, _P, _I, _P, _P, _P, _I, _P, _P, _F, _F, _P, _P)
@@ -124,19 +126,53 @@ def mask_elements(
     return rows, flat, vals
 
 
+def pack_masked(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows [k, dim] (int8, float16 or float32) in the wire's masked form, in one pass: each
+    row's mask of its non-zero entries (uint8 [k, ceil(dim/8)], LSB first) and those
+    entries in order [nnz]; what ``np.packbits(v != 0, axis=1, bitorder="little")`` and
+    ``v[v != 0]`` give."""
+    k, dim = v.shape
+    v = np.ascontiguousarray(v)
+    masks = np.empty((k, (dim + 7) // 8), dtype=np.uint8)
+    carried = np.empty(k * dim + 8 // v.itemsize, dtype=v.dtype)  # the kernel writes 8 bytes at a time
+    nnz = _lib.ebb_pack_masked(v.ctypes.data, v.itemsize, k, dim, masks.ctypes.data, carried.ctypes.data)
+    return masks, carried[:nnz]
+
+
 def _check_count(carried: int, n: int) -> None:
     if carried != n:
         raise ValueError(f"corrupt update: its row masks carry {carried} values, its header says {n}")
 
 
+def _address(a: np.ndarray | torch.Tensor) -> int:
+    """Where a contiguous array's data start (a torch tensor's is cheaper to ask: numpy's
+    ``.ctypes.data`` builds an object each time)."""
+    return a.data_ptr() if isinstance(a, torch.Tensor) else a.ctypes.data
+
+
+def _contiguous(a: np.ndarray | torch.Tensor, dtype: np.dtype) -> np.ndarray | torch.Tensor:
+    if isinstance(a, torch.Tensor) and a.dtype == _TORCH[dtype] and a.is_contiguous():
+        return a
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+_TORCH = {np.dtype(np.float32): torch.float32, np.dtype(np.int64): torch.int64}
+
+
 def isp_filter(
-    table: np.ndarray, rows: np.ndarray, vals: np.ndarray, x: np.ndarray, v: np.float32, form: str | None
+    table: np.ndarray,
+    rows: np.ndarray | torch.Tensor,
+    vals: np.ndarray | torch.Tensor,
+    x: np.ndarray | torch.Tensor,
+    v: np.float32,
+    form: str | None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None] | None:
     """The ISP significance filter on one parameter's touched rows, in one pass (see
     ``ebb.engine.isp``): ``table`` (the pending δ, float32 [N, dim], updated in place),
     ``rows`` int64 [k], ``vals`` and ``x`` (the update and the parameter's rows) float32
-    [k, dim], threshold ``v``; ``form`` as ``ebb.sparse.quantize_rows`` would pick it:
-    "q8" (int8 codes with bfloat16 row scales), "f16" (float16) or None (float32 as is).
+    [k, dim] (numpy arrays or torch tensors), threshold ``v``; ``form`` as
+    ``ebb.sparse.quantize_rows`` would pick it: "q8" (int8 codes with bfloat16 row
+    scales), "f16" (float16) or None (float32 as is).
 
     Returns the sent rows' positions among ``rows`` [q], their float32 values [q, dim]
     and, when quantised, their codes [q, dim] (int8 or float16) and the scales' bit
@@ -146,34 +182,43 @@ def isp_filter(
     if not (table.flags.c_contiguous and table.dtype == np.float32):  # written through a raw pointer
         raise ValueError(f"isp_filter needs a C-contiguous float32 table, not {table.dtype} {table.strides}")
     k, dim = vals.shape
-    vals = np.ascontiguousarray(vals, dtype=np.float32)
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    rows = np.ascontiguousarray(rows, dtype=np.int64)
-    delta, peaks = np.empty((k, dim), dtype=np.float32), np.empty((k, dim), dtype=np.float32)
-    sent = np.empty((k, dim), dtype=np.float32)
-    at = np.empty(k, dtype=np.int64)
+    vals, x = _contiguous(vals, np.dtype(np.float32)), _contiguous(x, np.dtype(np.float32))
+    rows = _contiguous(rows, np.dtype(np.int64))
     mode = _FORMS[form]
-    codes = None if mode == 0 else np.empty((k, dim), dtype=np.int8 if mode == 1 else np.float16)
-    scales = np.empty(k, dtype=np.uint16) if mode == 1 else None
+    # Every output and the scratch in one allocation: the rows as they were (put back on
+    # NaN), the sent values, the positions, the codes and the scales, each 8-byte aligned.
+    n = k * dim
+    code_bytes = 0 if mode == 0 else (n if mode == 1 else 2 * n)
+    sizes = (4 * n, 4 * n, 8 * k, code_bytes, 2 * k if mode == 1 else 0)
+    offsets = [0]
+    for size in sizes:
+        offsets.append(offsets[-1] + (size + 7) // 8 * 8)
+    buf = np.empty(offsets[-1], dtype=np.uint8)
+    base = buf.ctypes.data
+    sent = buf[offsets[1] : offsets[1] + 4 * n].view(np.float32).reshape(k, dim)
+    at = buf[offsets[2] : offsets[2] + 8 * k].view(np.int64)
+    codes = None if mode == 0 else buf[offsets[3] : offsets[3] + code_bytes].view(np.int8 if mode == 1 else np.float16)
+    scales = buf[offsets[4] : offsets[4] + 2 * k].view(np.uint16) if mode == 1 else None
     q = _lib.ebb_isp_filter(
         table.ctypes.data,
         dim,
-        rows.ctypes.data,
+        _address(rows),
         k,
-        vals.ctypes.data,
-        x.ctypes.data,
+        _address(vals),
+        _address(x),
         v,
         mode,
-        delta.ctypes.data,
-        peaks.ctypes.data,
-        sent.ctypes.data,
-        None if codes is None else codes.ctypes.data,
-        None if scales is None else scales.ctypes.data,
-        at.ctypes.data,
+        base,
+        base + offsets[1],
+        None if codes is None else base + offsets[3],
+        None if scales is None else base + offsets[4],
+        base + offsets[2],
     )
     if q < 0:
         return None
-    return at[:q], sent[:q], None if codes is None else codes[:q], None if scales is None else scales[:q]
+    if codes is not None:
+        codes = codes.reshape(k, dim)[:q]
+    return at[:q], sent[:q], codes, None if scales is None else scales[:q]
 
 
 class Optim(ctypes.Structure):
@@ -253,10 +298,36 @@ _APPLY_ERRORS = {
 }
 
 
+_TABLES_ARGS: dict[tuple, tuple] = {}  # per replica: ebb_apply_payloads' arguments that name its tables
+
+
+def _tables_args(names: tuple[str, ...], tables: tuple[torch.Tensor, ...], counts: tuple[torch.Tensor, ...]) -> tuple:
+    """(names, name lengths, table pointers, rows, widths, count pointers) as the kernel takes
+    them, built once per replica (a worker's tables stay where they are, updated in place)."""
+    key = (names, *(t.data_ptr() for t in tables), *(t.shape for t in tables), *(c.data_ptr() for c in counts))
+    args = _TABLES_ARGS.get(key)
+    if args is None:
+        raw = [name.encode() for name in names]
+        p = len(names)
+        ptrs, ints = ctypes.c_void_p * p, ctypes.c_int64 * p
+        args = (
+            b"".join(raw),
+            ints(*map(len, raw)),
+            ptrs(*(t.data_ptr() for t in tables)),
+            ints(*(t.shape[0] for t in tables)),
+            ints(*(t.shape[1] for t in tables)),
+            ptrs(*(c.data_ptr() for c in counts)),
+        )
+        if len(_TABLES_ARGS) >= 64:  # (replicas come and go: a bounded cache)
+            _TABLES_ARGS.clear()
+        _TABLES_ARGS[key] = args
+    return args
+
+
 def apply_payloads(
     tables: dict[str, torch.Tensor],
     counts: dict[str, torch.Tensor],
-    sources: Sequence[bytes | dict[str, tuple[torch.Tensor, torch.Tensor]]],
+    sources: Sequence[bytes | bytearray | memoryview | dict[str, tuple[torch.Tensor, torch.Tensor]]],
     divide: bool,
     per: float,
     element_cost: int,
@@ -279,8 +350,13 @@ def apply_payloads(
         t, c = tables[name], counts[name]
         if t.dtype != torch.float32 or t.dim() != 2 or not t.is_contiguous() or c.dtype != torch.float32:
             return False
+    tabled = _tables_args(tuple(names), tuple(tables[m] for m in names), tuple(counts[m] for m in names))
     n, p = len(sources), len(names)
-    bufs, lens = (ctypes.c_void_p * n)(), (ctypes.c_int64 * n)()
+    # A payload's bytes are passed by address (c_char_p: no copy; another buffer type is
+    # copied to bytes first); the own slot stays NULL.
+    wire = [None if isinstance(s, dict) else s if type(s) is bytes else bytes(s) for s in sources]
+    bufs = (ctypes.c_char_p * n)(*wire)
+    lens = (ctypes.c_int64 * n)(*(0 if w is None else len(w) for w in wire))
     own_at, keep = -1, []
     own_rows, own_vals, own_k = (ctypes.c_void_p * p)(), (ctypes.c_void_p * p)(), (ctypes.c_int64 * p)(*([-1] * p))
     for s, source in enumerate(sources):
@@ -298,30 +374,8 @@ def apply_payloads(
                     return False
                 keep += [rows, vals]
                 own_rows[i], own_vals[i], own_k[i] = rows.data_ptr(), vals.data_ptr(), rows.numel()
-        else:
-            array = np.frombuffer(source, dtype=np.uint8)
-            keep.append(array)
-            bufs[s], lens[s] = array.ctypes.data, array.size
-    raw = [name.encode() for name in names]
-    ptrs = ctypes.c_void_p * p
     status = _lib.ebb_apply_payloads(
-        n,
-        bufs,
-        lens,
-        own_at,
-        p,
-        b"".join(raw),
-        (ctypes.c_int64 * p)(*map(len, raw)),
-        ptrs(*(tables[m].data_ptr() for m in names)),
-        (ctypes.c_int64 * p)(*(tables[m].shape[0] for m in names)),
-        (ctypes.c_int64 * p)(*(tables[m].shape[1] for m in names)),
-        ptrs(*(counts[m].data_ptr() for m in names)),
-        own_rows,
-        own_vals,
-        own_k,
-        int(divide),
-        per,
-        element_cost,
+        n, bufs, lens, own_at, p, *tabled, own_rows, own_vals, own_k, int(divide), per, element_cost
     )
     if status:
         error, message = _APPLY_ERRORS.get(status, (RuntimeError, f"ebb_apply_payloads returned {status}"))

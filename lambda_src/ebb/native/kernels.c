@@ -12,7 +12,7 @@
 
 /* ebb.native loads a library only if this matches its KERNELS_VERSION: bump both when a
  * kernel's signature or meaning changes, so a stale build is never called. */
-int ebb_kernels_version(void) { return 6; }
+int ebb_kernels_version(void) { return 9; }
 
 /* Whether a kernel may use the CPU's vector instructions (where it has a path for them);
  * the tests turn it off to check the portable path gives the same bits. Returns the old. */
@@ -29,12 +29,18 @@ int ebb_simd_enabled(void) { return use_simd; }
  * it carries. */
 static uint8_t SLOT[256][16] __attribute__((aligned(16)));
 static uint8_t COUNT[256];
+/* Its inverse, for encoding: which of a group's 8 entries is the row's next carried one
+ * (the positions of b's set bits in order, then 0x80). */
+static uint8_t PICK[256][16] __attribute__((aligned(16)));
 /* At load time, before any caller (ctypes calls may run on several threads at once). */
 __attribute__((constructor)) static void init_tables(void) {
     for (int b = 0; b < 256; b++) {
         int n = 0;
         for (int j = 0; j < 16; j++) SLOT[b][j] = j < 8 && (b >> j) & 1 ? (uint8_t)n++ : 0x80;
         COUNT[b] = (uint8_t)n;
+        for (int j = 0; j < 16; j++) PICK[b][j] = 0x80;
+        for (int j = 0, m = 0; j < 8; j++)
+            if ((b >> j) & 1) PICK[b][m++] = (uint8_t)j;
     }
 }
 
@@ -201,80 +207,6 @@ static float from_f16(uint16_t h) {
     return f;
 }
 
-/* The ISP significance filter on one parameter's touched rows, as ebb.engine.isp's numpy
- * path computes it: δ = table[rows] + vals; an entry is significant when |δ| > v |x|; a
- * row is sent when one of its entries is. Sent rows go out with their significant
- * entries (quantize 1: int8 codes and a bfloat16 scale per row; 2: float16, for narrow
- * rows; 0: as they are; and the float32 values those stand for), and table[rows] keeps δ
- * minus what was sent.
- *
- * Outputs, compacted over the sent rows (q of them, in order): sent[q][dim] (float32),
- * codes[q][dim] (int8, or float16 bits) and scales[q] (quantize 1), at[q] (their
- * positions among `rows`).
- * delta and peaks are scratch, [k][dim] floats each (sent must hold [k][dim] too).
- * Returns q, or -1 when a row holds NaN or infinity (a diverging model): then nothing is
- * written to `table` and the caller runs numpy, whose rounding of those rows is its own.
- *
- * The entries are done in flat passes free of branches (significance is random, and a
- * mispredicted branch per entry costs more than the arithmetic), so they vectorise. */
-int64_t ebb_isp_filter(float *restrict table, int64_t dim, const int64_t *restrict rows, int64_t k,
-                       const float *restrict vals, const float *restrict x, float v, int quantize,
-                       float *restrict delta, float *restrict peaks, float *restrict sent,
-                       void *restrict codes, uint16_t *restrict scales, int64_t *restrict at) {
-    const int64_t n = k * dim;
-    for (int64_t r = 0; r < k; r++) memcpy(delta + r * dim, table + rows[r] * dim, (size_t)dim * sizeof(float));
-    uint32_t *mbits = (uint32_t *)peaks;
-    for (int64_t i = 0; i < n; i++) {
-        float dj = delta[i] + vals[i];
-        float mag = fabsf(dj);
-        float sig = mag > fabsf(x[i]) * v ? 1.0f : 0.0f; /* NaN compares false */
-        delta[i] = dj;
-        sent[i] = dj * sig;
-        peaks[i] = mag * sig; /* ≥ +0, or NaN */
-    }
-    int64_t q = 0;
-    for (int64_t r = 0; r < k; r++) {
-        /* A row's largest |sent value|: as bit patterns, non-negative floats order as
-         * integers, and NaN and infinity lie above every finite one. */
-        uint32_t top = 0;
-        const uint32_t *mb = mbits + r * dim;
-        for (int64_t j = 0; j < dim; j++) top = mb[j] > top ? mb[j] : top;
-        if (top >= 0x7f800000u) return -1;
-        if (top == 0) continue; /* nothing significant: δ stays as it is */
-        float *o = sent + q * dim, *d = delta + r * dim;
-        if (q != r) memcpy(o, sent + r * dim, (size_t)dim * sizeof(float));
-        if (quantize == 2) {
-            uint16_t *h = (uint16_t *)codes + q * dim;
-            for (int64_t j = 0; j < dim; j++) {
-                float c = o[j] < -65504.0f ? -65504.0f : o[j];
-                c = c > 65504.0f ? 65504.0f : c;
-                h[j] = to_f16(c);
-                o[j] = from_f16(h[j]);
-            }
-        } else if (quantize) {
-            float peak;
-            memcpy(&peak, &top, sizeof peak);
-            uint16_t s16 = to_bf16(peak / 127.0f);
-            if ((s16 & 0x7fffu) == 0) s16 = 0x3f80u; /* a zero scale (the peak underflowed): 1.0 */
-            const float s = from_bf16(s16);
-            int8_t *c = (int8_t *)codes + q * dim;
-            for (int64_t j = 0; j < dim; j++) {
-                float rc = rint_small(o[j] / s);
-                rc = rc < -127.0f ? -127.0f : rc;
-                rc = rc > 127.0f ? 127.0f : rc;
-                int code = (int)rc; /* (from the int: rc may be -0.0, a code is +0) */
-                c[j] = (int8_t)code;
-                o[j] = (float)code * s;
-            }
-            scales[q] = s16;
-        }
-        for (int64_t j = 0; j < dim; j++) d[j] -= o[j];
-        at[q++] = r;
-    }
-    for (int64_t r = 0; r < k; r++) memcpy(table + rows[r] * dim, delta + r * dim, (size_t)dim * sizeof(float));
-    return q;
-}
-
 /* ---- Applying a step's updates: every payload decoded and added in one call ----
  *
  * What ebb.engine.aggregate.RowMean.apply does with ebb.sparse.RowUpdate.decode of each
@@ -306,6 +238,7 @@ typedef struct {
     int rows_form; /* values decoded as whole rows (else single entries) */
     int64_t k, dim, nnz;
     const int64_t *idx; /* k row ids */
+    int64_t lo, hi;     /* their least and greatest (k > 0) */
     int64_t *owned;     /* idx, when this entry allocated it */
     const uint8_t *masks, *scales, *vals;
     int64_t r, q; /* while adding: the next row, and the next carried value */
@@ -397,6 +330,7 @@ static int parse_payload(const uint8_t *buf, int64_t len, int64_t n_params, cons
             off += 4;
             if (j >= (uint32_t)i) return APPLY_CORRUPT;
             const wire_entry *ref = &out->e[j];
+            e->lo = ref->lo, e->hi = ref->hi; /* (a subset's rows lie within its superset's range) */
             if (e->flags & W_SAME) {
                 if (ref->k != k) return APPLY_CORRUPT;
                 e->idx = ref->idx;
@@ -420,6 +354,7 @@ static int parse_payload(const uint8_t *buf, int64_t len, int64_t n_params, cons
                 int64_t row = rd32(buf + off);
                 e->owned[0] = row;
                 for (int64_t r = 1; r < k; r++) e->owned[r] = row += rd16(buf + off + 4 + 2 * (r - 1));
+                e->lo = e->owned[0], e->hi = row; /* (gaps are not negative) */
                 off += 4 + 2 * (k - 1);
             } else if (e->flags & W_BITMAP) {
                 NEED(4);
@@ -428,16 +363,21 @@ static int parse_payload(const uint8_t *buf, int64_t len, int64_t n_params, cons
                 NEED((n_bits + 7) / 8);
                 if (popcount_bits(buf + off, n_bits) != k) return APPLY_CORRUPT;
                 set_bits(buf + off, n_bits, NULL, e->owned);
+                if (k) e->lo = e->owned[0], e->hi = e->owned[k - 1];
                 off += (n_bits + 7) / 8;
             } else {
                 NEED(4 * k);
-                for (int64_t r = 0; r < k; r++) e->owned[r] = (int32_t)rd32(buf + off + 4 * r);
+                int64_t lo = INT64_MAX, hi = INT64_MIN;
+                for (int64_t r = 0; r < k; r++) {
+                    const int64_t row = e->owned[r] = (int32_t)rd32(buf + off + 4 * r);
+                    lo = row < lo ? row : lo;
+                    hi = row > hi ? row : hi;
+                }
+                e->lo = lo, e->hi = hi;
                 off += 4 * k;
             }
         }
-        if (e->param >= 0)
-            for (int64_t r = 0; r < k; r++)
-                if (e->idx[r] < 0 || e->idx[r] >= n_rows[e->param]) return APPLY_BAD_ROW;
+        if (e->param >= 0 && k && (e->lo < 0 || e->hi >= n_rows[e->param])) return APPLY_BAD_ROW;
         if (e->kind == 1) {
             out->has_touched = 1;
             continue;
@@ -483,32 +423,81 @@ static inline float wire_value(const uint8_t *vals, int form, int64_t q, float s
     if (form == W_Q8) return (float)(int8_t)vals[q] * s;
     if (form == W_F16) return from_f16_any(rd16(vals + 2 * q));
     float f;
-    uint32_t bits = rd32(vals + 4 * q);
-    memcpy(&f, &bits, sizeof f);
+    memcpy(&f, vals + 4 * q, sizeof f); /* little-endian hosts (x86-64, aarch64): a plain load, vectorised */
     return f;
 }
 
 /* The rows of a table a step touches are scattered over more than the caches hold: the
  * row AHEAD rows on is fetched while this one is added. */
-#define AHEAD 16
+#define AHEAD 32
 #define BLOCK_BYTES (256 * 1024) /* a block of a table's rows that a core's cache holds */
-static inline void prefetch_row(const float *table, int64_t row, int64_t dim) {
-    const char *p = (const char *)(table + row * dim);
-    for (int64_t b = 0; b < dim * (int64_t)sizeof(float); b += 64) __builtin_prefetch(p + b, 1, 3);
+#define APPLY_BODY static inline __attribute__((always_inline))
+APPLY_BODY void prefetch_row(const float *table, int64_t row, int64_t dim) {
+    /* Every cache line the row touches: a row 84 bytes wide (PMF's) may span three. */
+    const uintptr_t first = (uintptr_t)(table + row * dim) & ~(uintptr_t)63;
+    const uintptr_t last = (uintptr_t)(table + row * dim + dim - 1);
+    for (uintptr_t line = first; line <= last; line += 64) __builtin_prefetch((const void *)line, 1, 3);
 }
 
-static inline float divisor_of(const float *counts, int64_t row, int divide, float per) {
+APPLY_BODY float divisor_of(const float *counts, int64_t row, int divide, float per) {
     if (!divide) return 1.0f;
     float d = counts[row];
     if (per != 1.0f) d = d / per;
     return d < 1.0f ? 1.0f : d;
 }
 
+#if defined(__x86_64__)
+/* A masked int8 row, whole (t[j] += code_j × s / d, code 0 where no bit is set): eight
+ * entries a mask byte, their codes shuffled into place (SLOT), widened, scaled, divided
+ * and added 8 wide. The same float32 operations on every entry as the portable loop, so
+ * the same bits. `avail`: the codes readable from `codes` (the payload's end); a group
+ * nearer it than 8 reads a copy. Returns the codes the row carries. */
+__attribute__((target("avx2"))) static inline int64_t q8_row_avx2(float *t, const uint8_t *m, int64_t width,
+                                                                   int64_t dim, unsigned tail_mask,
+                                                                   const int8_t *codes, int64_t avail, float s,
+                                                                   float d) {
+    const __m256 vs = _mm256_set1_ps(s), vd = _mm256_set1_ps(d);
+    int64_t p = 0;
+    for (int64_t w = 0; w < width; w++) {
+        const unsigned b = w + 1 < width ? m[w] : m[w] & tail_mask;
+        __m128i c;
+        if (p + 8 <= avail)
+            c = _mm_loadl_epi64((const __m128i *)(codes + p));
+        else {
+            int8_t near_end[8] = {0};
+            memcpy(near_end, codes + p, (size_t)(avail - p));
+            c = _mm_loadl_epi64((const __m128i *)near_end);
+        }
+        c = _mm_shuffle_epi8(c, _mm_load_si128((const __m128i *)SLOT[b]));
+        __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), vs);
+        v = _mm256_div_ps(v, vd); /* (always: whether a row is shared is random, a branch on it mispredicted) */
+        float *o = t + 8 * w;
+        if (8 * w + 8 <= dim)
+            _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), v));
+        else { /* the row's last 1-7 entries: four at once, then one at a time */
+            __m128 part = _mm256_castps256_ps128(v);
+            int64_t left = dim - 8 * w;
+            if (left >= 4) {
+                _mm_storeu_ps(o, _mm_add_ps(_mm_loadu_ps(o), part));
+                part = _mm256_extractf128_ps(v, 1);
+                left -= 4, o += 4;
+            }
+            float rest[4];
+            _mm_storeu_ps(rest, part);
+            for (int64_t j = 0; j < left; j++) o[j] += rest[j];
+        }
+        p += COUNT[b];
+    }
+    return p;
+}
+#endif
+
 /* The rows of one values entry below row `hi`, from its cursor on (e->r, e->q), of one
- * form (a constant where inlined: the compiler makes a loop per form). */
-static inline void add_entry_form(wire_entry *e, int form, int64_t hi, float *table, const float *counts, int divide,
-                                  float per) {
-    const int64_t k = e->k, dim = e->dim;
+ * form (a constant where inlined: the compiler makes a loop per form); `simd` (a
+ * constant too) for the AVX2 instance. */
+APPLY_BODY void add_entry_form(wire_entry *e, int form, int simd, int64_t dim, int64_t hi, float *table,
+                               const float *counts, int divide, float per) {
+    const int64_t k = e->k;
     const uint8_t *vals = e->vals;
     int64_t r = e->r, q = e->q;
     if (!(e->flags & W_MASKED)) {
@@ -555,6 +544,23 @@ static inline void add_entry_form(wire_entry *e, int form, int64_t hi, float *ta
      * expanded into `row` (its set bits found a word at a time), then added in one loop
      * the compiler vectorises. */
     const int whole = e->rows_form;
+#if defined(__x86_64__)
+    if (simd && form == W_Q8 && whole) {
+        const unsigned tail_mask = tail_mask_of(dim, width);
+        const int8_t *codes = (const int8_t *)vals;
+        for (; r < k && e->idx[r] < hi; r++) {
+            if (r + AHEAD < k) prefetch_row(table, e->idx[r + AHEAD], dim);
+            const float d = divisor_of(counts, e->idx[r], divide, per);
+            const float s = from_bf16(rd16(e->scales + 2 * r));
+            q += q8_row_avx2(table + e->idx[r] * dim, e->masks + r * width, width, dim, tail_mask, codes + q,
+                             e->nnz - q, s, d);
+        }
+        e->r = r, e->q = q;
+        return;
+    }
+#else
+    (void)simd;
+#endif
     float row[64];
     for (; r < k && e->idx[r] < hi; r++) {
         if (r + AHEAD < k) prefetch_row(table, e->idx[r + AHEAD], dim);
@@ -588,13 +594,14 @@ static inline void add_entry_form(wire_entry *e, int form, int64_t hi, float *ta
     e->r = r, e->q = q;
 }
 
-static void add_entry(wire_entry *e, int64_t hi, float *table, const float *counts, int divide, float per) {
+APPLY_BODY void add_entry(wire_entry *e, int simd, int64_t dim, int64_t hi, float *table, const float *counts,
+                          int divide, float per) {
     if (e->flags & W_Q8)
-        add_entry_form(e, W_Q8, hi, table, counts, divide, per);
+        add_entry_form(e, W_Q8, simd, dim, hi, table, counts, divide, per);
     else if (e->flags & W_F16)
-        add_entry_form(e, W_F16, hi, table, counts, divide, per);
+        add_entry_form(e, W_F16, simd, dim, hi, table, counts, divide, per);
     else
-        add_entry_form(e, 0, hi, table, counts, divide, per);
+        add_entry_form(e, 0, simd, dim, hi, table, counts, divide, per);
 }
 
 static int ascending(const int64_t *idx, int64_t k) {
@@ -606,15 +613,253 @@ static int ascending(const int64_t *idx, int64_t k) {
 /* Add one table's values entries (in contribution order) a block of rows at a time: the
  * block's rows stay in cache while every contribution adds into them, and each row still
  * takes its contributions in their order. Rows not ascending in some entry: one block. */
-static void add_table(wire_entry *const *list, int64_t n, float *table, int64_t n_rows, int64_t dim,
-                      const float *counts, int divide, float per) {
+APPLY_BODY void add_table(int simd, wire_entry *const *list, int64_t n, float *table, int64_t n_rows, int64_t dim,
+                          const float *counts, int divide, float per) {
     int sorted = 1;
     for (int64_t i = 0; i < n && sorted; i++) sorted = ascending(list[i]->idx, list[i]->k);
     const int64_t block = sorted ? (BLOCK_BYTES / (int64_t)sizeof(float) + dim - 1) / dim : n_rows;
     for (int64_t lo = 0; lo < n_rows; lo += block) {
         const int64_t hi = lo + block < n_rows ? lo + block : n_rows;
-        for (int64_t i = 0; i < n; i++) add_entry(list[i], hi, table, counts, divide, per);
+        for (int64_t i = 0; i < n; i++) add_entry(list[i], simd, dim, hi, table, counts, divide, per);
     }
+}
+
+/* PMF's rows at the default rank (21 wide) have an instance of their own, their length
+ * known to the compiler. (Every entry of a table is as wide as it: parse_payload checks.) */
+APPLY_BODY void add_table_sized(int simd, wire_entry *const *list, int64_t n, float *table, int64_t n_rows,
+                                int64_t dim, const float *counts, int divide, float per) {
+    if (dim == 21)
+        add_table(simd, list, n, table, n_rows, 21, counts, divide, per);
+    else
+        add_table(simd, list, n, table, n_rows, dim, counts, divide, per);
+}
+
+/* add_table twice: portable C, and on x86-64 for CPUs with AVX2 (8 floats wide, masked
+ * int8 rows expanded by byte shuffles), chosen at run time. Both give the same bits. */
+static void add_table_portable(wire_entry *const *list, int64_t n, float *table, int64_t n_rows, int64_t dim,
+                               const float *counts, int divide, float per) {
+    add_table_sized(0, list, n, table, n_rows, dim, counts, divide, per);
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static void add_table_avx2(wire_entry *const *list, int64_t n, float *table,
+                                                            int64_t n_rows, int64_t dim, const float *counts,
+                                                            int divide, float per) {
+    add_table_sized(1, list, n, table, n_rows, dim, counts, divide, per);
+}
+#endif
+static void add_table_any(wire_entry *const *list, int64_t n, float *table, int64_t n_rows, int64_t dim,
+                          const float *counts, int divide, float per) {
+#if defined(__x86_64__)
+    if (use_simd && __builtin_cpu_supports("avx2")) {
+        add_table_avx2(list, n, table, n_rows, dim, counts, divide, per);
+        return;
+    }
+#endif
+    add_table_portable(list, n, table, n_rows, dim, counts, divide, per);
+}
+
+/* ---- Encoding masked rows ----
+ *
+ * What ebb.sparse's encoder does for a masked values entry, in one pass: each row's mask
+ * (bit j of byte w set when entry 8w + j is not zero: LSB first, `width` = ceil(dim/8)
+ * bytes a row, padding bits clear) into masks[k][width], and the non-zero entries in
+ * order into carried. v: k × dim entries of `size` bytes (1: int8 codes, 2: float16
+ * bits, 4: float32). carried must hold k × dim entries and 8 bytes more. Returns the
+ * entries carried. */
+
+/* Whether an entry is zero as numpy's `v != 0` sees it: for floats, -0.0 is (not carried) and NaN is not. */
+APPLY_BODY int pack_is_zero(const uint8_t *p, int size) {
+    if (size == 1) return p[0] == 0;
+    if (size == 2) return (rd16(p) & 0x7fffu) == 0;
+    return (rd32(p) & 0x7fffffffu) == 0;
+}
+
+#if defined(__x86_64__)
+/* int8 codes: a group's zeros by one compare, its carried codes by one shuffle. */
+__attribute__((target("avx2"))) static inline int64_t pack_q8_avx2(const uint8_t *v, int64_t k, int64_t dim,
+                                                                    uint8_t *masks, uint8_t *carried) {
+    const int64_t width = (dim + 7) / 8, total = k * dim;
+    const unsigned tail_mask = tail_mask_of(dim, width);
+    int64_t n = 0;
+    for (int64_t r = 0; r < k; r++)
+        for (int64_t w = 0; w < width; w++) {
+            const int64_t at = r * dim + 8 * w;
+            __m128i c;
+            if (at + 8 <= total)
+                c = _mm_loadl_epi64((const __m128i *)(v + at));
+            else {
+                uint8_t near_end[8] = {0};
+                memcpy(near_end, v + at, (size_t)(total - at));
+                c = _mm_loadl_epi64((const __m128i *)near_end);
+            }
+            unsigned b = ~(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(c, _mm_setzero_si128())) & 0xffu;
+            if (w + 1 == width) b &= tail_mask;
+            masks[r * width + w] = (uint8_t)b;
+            _mm_storel_epi64((__m128i *)(carried + n), _mm_shuffle_epi8(c, _mm_load_si128((const __m128i *)PICK[b])));
+            n += COUNT[b];
+        }
+    return n;
+}
+#endif
+
+APPLY_BODY int64_t pack_masked_body(int simd, const uint8_t *v, int size, int64_t k, int64_t dim, uint8_t *masks,
+                                    uint8_t *carried) {
+    const int64_t width = (dim + 7) / 8;
+    int64_t n = 0;
+#if defined(__x86_64__)
+    if (simd && size == 1) return pack_q8_avx2(v, k, dim, masks, carried);
+#else
+    (void)simd;
+#endif
+    for (int64_t r = 0; r < k; r++)
+        for (int64_t w = 0; w < width; w++) {
+            const int64_t jmax = dim - 8 * w < 8 ? dim - 8 * w : 8;
+            unsigned b = 0;
+            for (int64_t j = 0; j < jmax; j++) {
+                const uint8_t *p = v + (r * dim + 8 * w + j) * size;
+                const int keep = !pack_is_zero(p, size);
+                memcpy(carried + n * size, p, (size_t)size); /* (overwritten unless kept) */
+                b |= (unsigned)keep << j;
+                n += keep;
+            }
+            masks[r * width + w] = (uint8_t)b;
+        }
+    return n;
+}
+
+static int64_t pack_masked_portable(const uint8_t *v, int size, int64_t k, int64_t dim, uint8_t *masks,
+                                    uint8_t *carried) {
+    return pack_masked_body(0, v, size, k, dim, masks, carried);
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static int64_t pack_masked_avx2(const uint8_t *v, int size, int64_t k, int64_t dim,
+                                                                 uint8_t *masks, uint8_t *carried) {
+    return pack_masked_body(1, v, size, k, dim, masks, carried);
+}
+#endif
+
+int64_t ebb_pack_masked(const uint8_t *v, int size, int64_t k, int64_t dim, uint8_t *masks, uint8_t *carried) {
+    if (k == 0 || dim == 0) return 0;
+#if defined(__x86_64__)
+    if (use_simd && __builtin_cpu_supports("avx2")) return pack_masked_avx2(v, size, k, dim, masks, carried);
+#endif
+    return pack_masked_portable(v, size, k, dim, masks, carried);
+}
+
+/* The ISP significance filter on one parameter's touched rows, as ebb.engine.isp's numpy
+ * path computes it: δ = table[rows] + vals; an entry is significant when |δ| > v |x|; a
+ * row is sent when one of its entries is. Sent rows go out with their significant
+ * entries (quantize 1: int8 codes and a bfloat16 scale per row; 2: float16, for narrow
+ * rows; 0: as they are; and the float32 values those stand for), and table[rows] keeps δ
+ * minus what was sent.
+ *
+ * Outputs, compacted over the sent rows (q of them, in order): sent[q][dim] (float32),
+ * codes[q][dim] (int8, or float16 bits) and scales[q] (quantize 1), at[q] (their
+ * positions among `rows`, which are unique). backup is scratch, [k][dim] floats.
+ * Returns q, or -1 when a row holds NaN or infinity (a diverging model): then `table` is
+ * as it was (its rows restored from backup) and the caller runs numpy, whose rounding
+ * of those rows is its own.
+ *
+ * One pass, a row at a time: its δ, significance and peak, then (if sent) its codes, and
+ * its new δ written back while the row is in cache. The entries of a row are done free of
+ * branches (significance is random, and a mispredicted branch per entry costs more than
+ * the arithmetic), so they vectorise. */
+APPLY_BODY int64_t isp_filter_rows(float *restrict table, int64_t dim, const int64_t *restrict rows, int64_t k,
+                                   const float *restrict vals, const float *restrict x, float v, int quantize,
+                                   float *restrict backup, float *restrict sent, void *restrict codes,
+                                   uint16_t *restrict scales, int64_t *restrict at) {
+    int64_t q = 0;
+    for (int64_t r = 0; r < k; r++) {
+        if (r + AHEAD < k) prefetch_row(table, rows[r + AHEAD], dim);
+        float *restrict t = table + rows[r] * dim, *restrict old = backup + r * dim, *restrict o = sent + q * dim;
+        const float *restrict u = vals + r * dim, *restrict xr = x + r * dim;
+        /* A row's largest |sent value|: as bit patterns, non-negative floats order as
+         * integers, and NaN and infinity lie above every finite one. */
+        uint32_t top = 0;
+        for (int64_t j = 0; j < dim; j++) {
+            const float was = t[j];
+            const float dj = was + u[j];
+            const float mag = fabsf(dj);
+            const float sig = mag > fabsf(xr[j]) * v ? 1.0f : 0.0f; /* NaN compares false */
+            const float peak = mag * sig;                             /* ≥ +0, or NaN */
+            uint32_t bits;
+            memcpy(&bits, &peak, sizeof bits);
+            top = bits > top ? bits : top;
+            old[j] = was;
+            t[j] = dj;
+            o[j] = dj * sig;
+        }
+        if (top >= 0x7f800000u) {
+            for (int64_t i = 0; i <= r; i++) memcpy(table + rows[i] * dim, backup + i * dim, (size_t)dim * sizeof(float));
+            return -1;
+        }
+        if (top == 0) continue; /* nothing significant: δ stays as it is */
+        if (quantize == 2) {
+            uint16_t *h = (uint16_t *)codes + q * dim;
+            for (int64_t j = 0; j < dim; j++) {
+                float c = o[j] < -65504.0f ? -65504.0f : o[j];
+                c = c > 65504.0f ? 65504.0f : c;
+                h[j] = to_f16(c);
+                o[j] = from_f16(h[j]);
+            }
+        } else if (quantize) {
+            float peak;
+            memcpy(&peak, &top, sizeof peak);
+            uint16_t s16 = to_bf16(peak / 127.0f);
+            if ((s16 & 0x7fffu) == 0) s16 = 0x3f80u; /* a zero scale (the peak underflowed): 1.0 */
+            const float sc = from_bf16(s16);
+            int8_t *c = (int8_t *)codes + q * dim;
+            /* Two loops, so that each vectorises (one mixing the clamps and the narrowing
+             * to int8 does not): the rounded codes as floats, then the codes and values. */
+            for (int64_t j = 0; j < dim; j++) {
+                float rc = rint_small(o[j] / sc);
+                rc = rc < -127.0f ? -127.0f : rc;
+                o[j] = rc > 127.0f ? 127.0f : rc;
+            }
+            for (int64_t j = 0; j < dim; j++) {
+                const int32_t code = (int32_t)o[j]; /* (from the int: a code may be -0.0, its value +0) */
+                c[j] = (int8_t)code;
+                o[j] = (float)code * sc;
+            }
+            scales[q] = s16;
+        }
+        for (int64_t j = 0; j < dim; j++) t[j] -= o[j];
+        at[q++] = r;
+    }
+    return q;
+}
+
+/* PMF's rows at the default rank (20, and a bias: 21 wide) have an instance of their own,
+ * the row's length known to the compiler. */
+APPLY_BODY int64_t isp_filter_sized(float *table, int64_t dim, const int64_t *rows, int64_t k, const float *vals,
+                                    const float *x, float v, int quantize, float *backup, float *sent, void *codes,
+                                    uint16_t *scales, int64_t *at) {
+    if (dim == 21) return isp_filter_rows(table, 21, rows, k, vals, x, v, quantize, backup, sent, codes, scales, at);
+    return isp_filter_rows(table, dim, rows, k, vals, x, v, quantize, backup, sent, codes, scales, at);
+}
+
+/* Portable C, and on x86-64 for CPUs with AVX2 (8 entries wide), chosen at run time; the same bits. */
+static int64_t isp_filter_portable(float *table, int64_t dim, const int64_t *rows, int64_t k, const float *vals,
+                                   const float *x, float v, int quantize, float *backup, float *sent, void *codes,
+                                   uint16_t *scales, int64_t *at) {
+    return isp_filter_sized(table, dim, rows, k, vals, x, v, quantize, backup, sent, codes, scales, at);
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static int64_t isp_filter_avx2(float *table, int64_t dim, const int64_t *rows,
+                                                                int64_t k, const float *vals, const float *x, float v,
+                                                                int quantize, float *backup, float *sent, void *codes,
+                                                                uint16_t *scales, int64_t *at) {
+    return isp_filter_sized(table, dim, rows, k, vals, x, v, quantize, backup, sent, codes, scales, at);
+}
+#endif
+
+int64_t ebb_isp_filter(float *table, int64_t dim, const int64_t *rows, int64_t k, const float *vals, const float *x,
+                       float v, int quantize, float *backup, float *sent, void *codes, uint16_t *scales, int64_t *at) {
+#if defined(__x86_64__)
+    if (use_simd && __builtin_cpu_supports("avx2"))
+        return isp_filter_avx2(table, dim, rows, k, vals, x, v, quantize, backup, sent, codes, scales, at);
+#endif
+    return isp_filter_portable(table, dim, rows, k, vals, x, v, quantize, backup, sent, codes, scales, at);
 }
 
 /* Whether an entry's rows count as touchers: a payload's touched rows where it sent
@@ -683,7 +928,7 @@ int64_t ebb_apply_payloads(int64_t n_src, const uint8_t *const *bufs, const int6
                 list[n++] = e;
             }
         }
-        add_table(list, n, tables[p], n_rows[p], dims[p], counts[p], divide, per);
+        add_table_any(list, n, tables[p], n_rows[p], dims[p], counts[p], divide, per);
     }
     free(own);
     free(list);
