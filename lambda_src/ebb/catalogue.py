@@ -60,12 +60,12 @@ class ModelEntry:
 # mean gradient of a row's ratings in the minibatch, so over an epoch a row is pulled to
 # zero once per rating it has (Funk's per-rating regularisation): its prior grows with its
 # data. MAP under a fixed prior would have l2 ∝ 1 / n. Sparse rows want Funk's constant
-# (the MovieLens-100k shapes, n 33 and 64, both do best near 0.13); dense ones over-shrink
+# (the MovieLens-100k shapes, n 33 and 64, do best at 0.12–0.14); dense ones over-shrink
 # under it (ML-10M's shape, n 340, trains 2× slower at 0.1 than at 0.05; issue 25), so
 # past L2_N it falls, with an exponent between Funk's 0 and the fixed prior's 1. Fitted on
 # the four presets and the ML-10M shape (docs/DEFAULTS.md); at the Netflix Prize's shape
-# (n ≈ 1,100) it gives 0.015, the per-rating l2 Funk used there.
-L2_AT, L2_N, L2_EXP = 0.13, 60.0, 0.75
+# (n ≈ 1,100) it gives 0.016, near the per-rating 0.015 Funk used there.
+L2_AT, L2_N, L2_EXP = 0.14, 60.0, 0.75
 L2_MIN = 0.005  # far past the densest shape measured, keep some prior
 
 
