@@ -236,6 +236,7 @@ def test_single_worker_reproduces_plain_torch_loop_pmf(small_ratings, tmp_path):
     spec = load_spec(
         overrides={
             "model": "pmf",
+            "hyper.optimizer": "sgd_momentum",  # the plain loop is SGD with Nesterov momentum
             "data": data_dir,
             "workers": 1,
             "stop.max_epochs": 3,

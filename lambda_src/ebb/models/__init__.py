@@ -77,7 +77,7 @@ def build_model(name: str, manifest, hp, seed: int) -> Model:
             global_mean=float(manifest.stats.get("rating_mean", 0.0)),
             seed=seed,
             rating_range=rating_range(manifest),
-            optimizer=hp.optimizer or "sgd_momentum",
+            optimizer=hp.optimizer or entry(name).optimizer,
             cold_k=int(hp.cold_k or 0),
         )
     from ebb.models.logistic import DenseLR, SparseLR
