@@ -39,7 +39,7 @@ class ModelEntry:
     # entry whatever the gradient, so an Adam model sums (averaged, a feature every worker
     # sees would move 1/P as far as a rare one); SGD with momentum averages (summed, its
     # proposals overshoot). PMF averages under either optimiser: its defaults (lazy Adam)
-    # were measured so, and few of its rows are touched by every worker.
+    # were measured so (docs/DEFAULTS.md).
     combine: Combine
     # ISP's threshold v (sync.significance): the highest that still converges like BSP at
     # the benchmark's fleet sizes, for the fewest bytes.
