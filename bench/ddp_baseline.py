@@ -67,6 +67,7 @@ from torch import nn
 from ebb.catalogue import CATALOGUE
 from ebb.data.format import checksum, decode_batch
 from ebb.engine.striping import PartSequence
+from ebb.models import auto_hyper
 from ebb.ports.manifest import load_manifest
 from ebb.stores.local import FolderObjectStore
 
@@ -454,7 +455,7 @@ def run_ddp(
     """Train ``model`` (pmf | sparse_lr) with DDP on ``workers`` local processes; rank 0's measurements.
 
     ``target`` is a test RMSE (pmf) or test log-loss (sparse_lr). ``lr`` None takes the
-    tuned default for the variant; ``l2`` None is Ebb's default for the model.
+    tuned default for the variant; ``l2`` None is Ebb's default for the model (PMF's: from the data).
     ``eval_every`` is in steps (None: about 16 test evaluations per epoch). With
     ``stop_at_target`` False the run goes on to ``max_epochs`` / ``max_seconds`` so the
     final metric shows where the baseline converges.
@@ -479,7 +480,7 @@ def run_ddp(
         "max_seconds": max_seconds,
         "max_epochs": max_epochs,
         "eval_every": eval_every,
-        "l2": l2 if l2 is not None else CATALOGUE[model].hyper["l2"],
+        "l2": l2 if l2 is not None else {**CATALOGUE[model].hyper, **auto_hyper(model, manifest)}["l2"],
         "init_std": init_std if init_std is not None else CATALOGUE["pmf"].hyper["init_std"],
         "stop_at_target": stop_at_target,
     }

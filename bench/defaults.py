@@ -53,11 +53,16 @@ GRID = ["lr=0.02,0.04", "l2=0.05,0.1,0.2", "lr_decay=0.9"]
 SYNC_KEYS = ("significance",)  # arm keys that go to sync.*, the rest to hyper.*
 
 
+def _value(key: str, text: str):
+    """A setting's value: an int (rank, cold_k), a word (optimizer) or a float."""
+    return int(text) if key in ("rank", "cold_k") else text if key == "optimizer" else float(text)
+
+
 def parse_settings(text: str) -> dict:
     out: dict = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
-        out[key] = int(value) if key in ("rank", "cold_k") else float(value)
+        out[key] = _value(key, value)
     return out
 
 
@@ -65,12 +70,12 @@ def parse_grid(items: list[str]) -> list[dict]:
     axes = {}
     for item in items:
         key, _, values = item.partition("=")
-        axes[key] = [int(v) if key in ("rank", "cold_k") else float(v) for v in values.split(",")]
+        axes[key] = [_value(key, v) for v in values.split(",")]
     return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
 
 
 def label(settings: dict) -> str:
-    return ",".join(f"{k}={v:g}" for k, v in settings.items()) or "defaults"
+    return ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in settings.items()) or "defaults"
 
 
 def run(data: dict, workers: int, settings: dict, epochs: float, tag: str) -> dict:
@@ -105,7 +110,13 @@ def run(data: dict, workers: int, settings: dict, epochs: float, tag: str) -> di
     (out / "stderr.txt").write_text(proc.stderr)
     report = json.loads((out / "report.json").read_text())
     wall = time.perf_counter() - started
-    row = {"settings": settings, "status": report["status"], "wall_s": round(wall, 1)}
+    # auto_hyper: the data-dependent defaults the job trained with (PMF's l2 when unset).
+    row = {
+        "settings": settings,
+        "auto": report.get("auto_hyper", {}),
+        "status": report["status"],
+        "wall_s": round(wall, 1),
+    }
     if report["status"] != "failed" and "best_val" in report:
         row.update(
             val=report["best_val"],
@@ -174,7 +185,8 @@ def main(argv=None) -> None:
         arms[name] = parse_settings(settings)
     grid = parse_grid(args.grid) if args.grid else []
     if grid:  # the defaults spelled out on the grid's keys, so a grid point equal to them is not run twice
-        arms["default"] = {k: CATALOGUE["pmf"].hyper[k] for k in grid[0]}
+        # (a data-dependent default, e.g. l2, stays unset: each preset gets its own value)
+        arms["default"] = {k: CATALOGUE["pmf"].hyper[k] for k in grid[0] if k in CATALOGUE["pmf"].hyper}
         grid += [] if arms["default"] in grid else [arms["default"]]  # the defaults compete too
 
     datasets, torch_ref, grid_rows = {}, {}, {}
@@ -216,7 +228,7 @@ def main(argv=None) -> None:
                         "dataset": name,
                         "workers": workers,
                         "arm": arm,
-                        "settings": label(r["settings"]),
+                        "settings": label(r["settings"]) + (f" (auto {label(r['auto'])})" if r.get("auto") else ""),
                         "floor": data["floor"],
                         "test": r.get("test"),
                         "epoch": r.get("epoch"),
@@ -236,6 +248,7 @@ def main(argv=None) -> None:
         result_path("defaults", f"{stem}-P{'-'.join(map(str, fleet))}"),
         {
             "catalogue_defaults": dict(CATALOGUE["pmf"].hyper),
+            "catalogue_auto": dict(CATALOGUE["pmf"].auto),
             "catalogue_significance": CATALOGUE["pmf"].significance,
             "arms": arms,
             "grid": grid,

@@ -182,6 +182,7 @@ def run_config(data_dir, workers, name, fields, args) -> dict:
         "optimizer": fields.get("hyper.optimizer"),
         "workers": workers,
         "status": report["status"],
+        "auto_hyper": report.get("auto_hyper", {}),  # the data-dependent defaults it trained with
         "reached": hit is not None,
         "clock": report.get("clock", {}).get("kind", "host"),
         "time_to_target_s": hit["seconds_excluding_eval"] if hit else None,

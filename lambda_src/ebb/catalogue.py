@@ -6,12 +6,16 @@ Dependency-free on purpose: the spec (and with it the zip functions) imports it.
 The defaults train well without tuning on MovieLens- and Criteo-shaped data against a
 tuned torch reference; docs/RESULTS.md ("Model quality", and "Defaults across presets"
 for PMF's, checked on four rating presets together by bench/defaults.py) has the runs.
+
+A few defaults depend on the data (``auto``, like scikit-learn's ``gamma='scale'``): PMF's
+``l2`` comes from the training split's shape (:func:`auto_l2`); the model layer fills it
+from the manifest when the job leaves it unset (``ebb.models.resolve_hyper``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
@@ -34,7 +38,8 @@ class ModelEntry:
     # proposals, or by their sum (as if taken in turn). Adam's proposal is about lr per
     # entry whatever the gradient, so an Adam model sums (averaged, a feature every worker
     # sees would move 1/P as far as a rare one); SGD with momentum averages (summed, its
-    # proposals overshoot).
+    # proposals overshoot). PMF averages under either optimiser: its defaults (lazy Adam)
+    # were measured so (docs/DEFAULTS.md).
     combine: Combine
     # ISP's threshold v (sync.significance): the highest that still converges like BSP at
     # the benchmark's fleet sizes, for the fewest bytes.
@@ -44,7 +49,37 @@ class ModelEntry:
     max_epochs_without_val: float
     loss_name: str  # the training loss, and the held-out metric early stopping watches
     metric_names: tuple[str, ...]  # what test_metrics reports
-    adam_lr: float | None = None  # hyper.lr when unset and the optimiser is Adam (not the SGD default)
+    # hyper.lr when unset and the job chose another optimiser than the model's default
+    # (SGD's learning rate means something else than Adam's), by optimiser.
+    other_lr: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    # Hyper-parameters whose default is computed from the training data (data_defaults),
+    # each with its rule in words; --help and `ebb spec` show "auto (<rule>)".
+    auto: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+# PMF's l2 when unset: L2_AT × min(1, L2_N / n)^L2_EXP (at least L2_MIN), where
+# n = training ratings / √(users × items) is the geometric mean of the ratings per user and
+# per item (one l2 serves both sides). Why it falls with n: each step adds l2 × row to the
+# mean gradient of a row's ratings in the minibatch, so over an epoch a row is pulled to
+# zero once per rating it has (Funk's per-rating regularisation): its prior grows with its
+# data. MAP under a fixed prior would have l2 ∝ 1 / n. Sparse rows want Funk's constant
+# (the MovieLens-100k shapes, n 33 and 64, do best at 0.12–0.14); dense ones over-shrink
+# under it (ML-10M's shape, n 340, trains 2× slower at 0.1 than at 0.05; issue 25), so
+# past L2_N it falls, with an exponent between Funk's 0 and the fixed prior's 1. Fitted on
+# the four presets and the ML-10M shape (docs/DEFAULTS.md); at the Netflix Prize's shape
+# (n ≈ 1,100) it gives 0.016, near the per-rating 0.015 Funk used there.
+L2_AT, L2_N, L2_EXP = 0.14, 60.0, 0.75
+L2_MIN = 0.005  # far past the densest shape measured, keep some prior
+
+
+def auto_l2(ratings: int, users: int, items: int) -> float:
+    """PMF's ``hyper.l2`` when unset, from the training split's shape (3 significant figures)."""
+    n = ratings / max(1.0, (max(1, users) * max(1, items)) ** 0.5)
+    value = L2_AT * min(1.0, L2_N / max(n, 1e-9)) ** L2_EXP
+    return float(f"{max(L2_MIN, value):.3g}")
+
+
+AUTO_L2 = f"{L2_AT:g} × min(1, {L2_N:g} / n)^{L2_EXP:g}, at least {L2_MIN:g}, n = training ratings / √(users × items)"
 
 
 CATALOGUE: Mapping[str, ModelEntry] = MappingProxyType(
@@ -54,11 +89,15 @@ CATALOGUE: Mapping[str, ModelEntry] = MappingProxyType(
             data="ratings",
             reads="MovieLens ratings",
             hyper=MappingProxyType(
-                {"rank": 20, "lr": 0.02, "momentum": 0.8, "l2": 0.1, "init_std": 0.1, "lr_decay": 0.95, "cold_k": 0}
+                {"rank": 20, "lr": 0.03, "momentum": 0.8, "init_std": 0.1, "lr_decay": 0.95, "cold_k": 0}
             ),
-            optimizer="sgd_momentum",
-            optimizers=("sgd_momentum", "adam"),
-            adam_lr=0.03,
+            auto=MappingProxyType({"l2": AUTO_L2}),
+            # Lazy Adam: within 1 % of tuned torch on the four presets at 1 and 4 workers,
+            # as SGD with momentum is, and 30 % fewer steps to the target at ML-10M's shape,
+            # where SGD is slow to leave the small initial factors (docs/DEFAULTS.md).
+            optimizer="adam",
+            optimizers=("adam", "sgd_momentum"),
+            other_lr=MappingProxyType({"sgd_momentum": 0.02}),
             combine="mean",
             significance=0.4,
             max_epochs_without_val=30,
@@ -110,8 +149,19 @@ def per_model(column: str) -> str:
 
 
 def per_model_hyper(key: str) -> str:
-    """One hyper-parameter's default of every model that has it: ``"pmf 0.02, sparse_lr 0.01, lr 0.05"``."""
-    return ", ".join(f"{name} {_show(row.hyper[key])}" for name, row in CATALOGUE.items() if key in row.hyper)
+    """One hyper-parameter's default of every model that has it: ``"pmf 0.02, sparse_lr 0.01, lr 0.05"``
+    (a data-dependent one as its rule, ``"pmf auto (...)"``)."""
+    return ", ".join(
+        f"{name} {f'auto ({row.auto[key]})' if key in row.auto else _show(row.hyper[key])}"
+        for name, row in CATALOGUE.items()
+        if key in row.hyper or key in row.auto
+    )
+
+
+def data_defaults(model: str, *, ratings: int, users: int = 0, items: int = 0) -> dict[str, float]:
+    """The ``auto`` hyper-parameters of ``model`` for training data of this shape (``ratings``
+    training rows; users and items for ratings data), by name: ``{"l2": 0.062}`` for PMF."""
+    return {"l2": auto_l2(ratings, users, items)} if entry(model).name == "pmf" else {}
 
 
 def _show(value: object) -> str:

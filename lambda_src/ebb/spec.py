@@ -59,7 +59,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
 
 
-_ADAM_LR = "; ".join(f"{m} with adam {row.adam_lr:g}" for m, row in CATALOGUE.items() if row.adam_lr)
+_OTHER_LR = "; ".join(f"{m} with {o} {lr:g}" for m, row in CATALOGUE.items() for o, lr in row.other_lr.items())
 
 
 class HyperParams(_Strict):
@@ -69,7 +69,11 @@ class HyperParams(_Strict):
         None, ge=1, le=1024, description="PMF latent dimension", json_schema_extra=shown(per_model_hyper("rank"))
     )
     lr: float | None = Field(
-        None, gt=0, le=100, description="learning rate", json_schema_extra=shown(f"{per_model_hyper('lr')}; {_ADAM_LR}")
+        None,
+        gt=0,
+        le=100,
+        description="learning rate",
+        json_schema_extra=shown(f"{per_model_hyper('lr')}; {_OTHER_LR}"),
     )
     optimizer: Literal["sgd_momentum", "adam"] | None = Field(
         None,
@@ -399,8 +403,8 @@ class JobSpec(_Strict):
             self.hyper.optimizer = row.optimizer
         elif self.hyper.optimizer not in row.optimizers:
             raise ValueError(f"hyper.optimizer: model {self.model} trains with {' or '.join(row.optimizers)} only")
-        if self.hyper.optimizer == "adam" and row.adam_lr is not None and self.hyper.lr is None:
-            self.hyper.lr = row.adam_lr
+        if self.hyper.lr is None and self.hyper.optimizer in row.other_lr:
+            self.hyper.lr = row.other_lr[self.hyper.optimizer]
         if self.sync.combine is None:
             self.sync.combine = row.combine
         if self.sync.significance is None:

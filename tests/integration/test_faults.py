@@ -355,7 +355,7 @@ def test_out_never_mixes_two_runs(small_ratings, tmp_path):
     assert r.returncode == 2 and "is a file" in r.stderr
     # A failed run's folder may be reused: its report is replaced by the new run's.
     failed = tmp_path / "failed"
-    assert _train(data_dir, failed, "--lr", "90").returncode == 1
+    assert _train(data_dir, failed, "--optimizer", "sgd_momentum", "--lr", "90").returncode == 1  # SGD diverges
     report = json.loads((failed / "report.json").read_text())
     assert report["status"] == "failed"
     assert "diverged at step" in report["error"] and "lower hyper.lr" in report["error"]

@@ -85,6 +85,7 @@ def test_with_replayed_cpu_two_fleet_runs_take_the_same_steps_and_decisions(smal
         "scaling.tolerance": 1.0,
         "stop.max_epochs": 8,
         "round_steps": 24,
+        "hyper.optimizer": "sgd_momentum",  # a loss curve whose knee comes within the run
     }
     runs = [run_local(_fleet_spec(data_dir, tmp_path / f"r{i}", **fields), measure_of=replayed)[0] for i in range(2)]
     a, b = runs

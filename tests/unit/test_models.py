@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from ebb.data.format import decode_batch
 from ebb.engine.striping import PartSequence
 from ebb.local.runner import run_local
-from ebb.models import build_model
+from ebb.models import build_model, resolve_hyper
 from ebb.models.logistic import DenseLR, SparseLR
 from ebb.models.metrics import auc
 from ebb.models.optim import SparseAdam, SparseSGD
@@ -202,6 +202,7 @@ def _plain_torch_pmf_losses(data_dir: str, hp, seed: int, steps: int) -> list[fl
     """PMF written as a user would in plain torch: autograd + lazy Nesterov, same minibatches."""
     store = FolderObjectStore(data_dir)
     manifest = load_manifest(store)
+    hp = resolve_hyper("pmf", manifest, hp)  # l2 left unset: the data's default, as the engine's
     gen = torch.Generator().manual_seed(seed)
     U = torch.randn(manifest.num_users, hp.rank, generator=gen) * hp.init_std
     V = torch.randn(manifest.num_items, hp.rank, generator=gen) * hp.init_std
@@ -235,6 +236,7 @@ def test_single_worker_reproduces_plain_torch_loop_pmf(small_ratings, tmp_path):
     spec = load_spec(
         overrides={
             "model": "pmf",
+            "hyper.optimizer": "sgd_momentum",  # the plain loop is SGD with Nesterov momentum
             "data": data_dir,
             "workers": 1,
             "stop.max_epochs": 3,
@@ -381,3 +383,46 @@ def test_cold_k_is_a_spec_field_with_a_catalogue_default_and_reaches_the_model(s
     biases.params["user"][:, :-1] = 0.0
     test = [biases.to_batch(decode_batch(FolderObjectStore(data_dir).get(p.key))) for p in manifest.test.parts]
     assert all_cold["test_metrics"]["rmse"] == pytest.approx(biases.evaluate(test)["rmse"], rel=1e-5)
+
+
+# (training ratings, users, items) of the shapes the rule was fitted on (docs/DEFAULTS.md).
+SHAPES = {
+    "ml-100k": (80_000, 943, 1682),
+    "ml-latest-small": (80_668, 610, 9724),
+    "ml10m": (9_000_000, 70_000, 10_000),
+}
+
+
+def test_pmf_l2_default_is_computed_from_the_data_shape():
+    from ebb.catalogue import CATALOGUE, L2_AT, L2_MIN, auto_l2, data_defaults
+
+    values = {name: auto_l2(*shape) for name, shape in SHAPES.items()}
+    assert values == {"ml-100k": 0.134, "ml-latest-small": 0.14, "ml10m": 0.0381}
+    # Denser rows (more ratings per user and per item) are regularised less per rating;
+    # sparse ones keep Funk's constant, and far past the data measured l2 stays above a floor.
+    assert auto_l2(80_000, 943, 1682) > auto_l2(800_000, 943, 1682) > auto_l2(8_000_000, 943, 1682)
+    assert auto_l2(10, 10_000, 10_000) == auto_l2(80_668, 610, 9724) == L2_AT
+    assert auto_l2(10**12, 10, 10) == L2_MIN
+    assert data_defaults("pmf", ratings=80_000, users=943, items=1682) == {"l2": values["ml-100k"]}
+    assert data_defaults("sparse_lr", ratings=80_000) == {} and "l2" in CATALOGUE["sparse_lr"].hyper
+    assert "l2" not in CATALOGUE["pmf"].hyper and "l2" in CATALOGUE["pmf"].auto
+
+
+def test_pmf_l2_auto_reaches_the_model_and_the_report_and_an_explicit_l2_wins(small_ratings, tmp_path):
+    from ebb.catalogue import auto_l2
+    from ebb.models import auto_hyper
+
+    data_dir, _ = small_ratings
+    manifest = load_manifest(FolderObjectStore(data_dir))
+    expected = auto_l2(manifest.train.rows, manifest.num_users, manifest.num_items)
+    base = {"model": "pmf", "data": data_dir, "workers": 1, "stop.max_epochs": 1, "scaling.policy": "none"}
+    unset = load_spec(overrides={**base, "out": str(tmp_path / "auto")})
+    assert unset.hyper.l2 is None  # the spec says "auto"; the data decides
+    assert build_model("pmf", manifest, unset.hyper, 0).l2 == expected
+    assert resolve_hyper("pmf", manifest, unset.hyper).l2 == expected and unset.hyper.l2 is None  # not mutated
+    given = load_spec(overrides={**base, "out": str(tmp_path / "given"), "hyper.l2": 0.3})
+    assert build_model("pmf", manifest, given.hyper, 0).l2 == 0.3 and auto_hyper("pmf", manifest, given.hyper) == {}
+    report, _ = run_local(unset)
+    assert report["auto_hyper"] == {"l2": expected} and report["spec"]["hyper"]["l2"] is None
+    report, _ = run_local(given)
+    assert report["auto_hyper"] == {} and report["spec"]["hyper"]["l2"] == 0.3

@@ -24,7 +24,7 @@ from ebb.engine.outputs import write_outputs
 from ebb.engine.parts import PartCache, prime_for_scoring
 from ebb.engine.replica import copy_replica
 from ebb.engine.state import SupervisorState
-from ebb.models import build_model
+from ebb.models import auto_hyper, build_model
 from ebb.ports.keys import BEST_META_KEY, BEST_REPLICA_KEY, worker_key
 from ebb.ports.manifest import load_manifest
 from ebb.ports.objects import ObjectStore
@@ -175,12 +175,14 @@ def finalize(
     replica = best[0] if best else merged_replica(checkpoints, done["round"], state.members)
     test_metrics = evaluate(spec, data, replica)
     report = build_report(spec, state, test_metrics, time.perf_counter() - started)
+    manifest = load_manifest(data, spec.data)
+    # The defaults the data decided (PMF's l2 when unset): the spec says only "auto".
+    report["auto_hyper"] = auto_hyper(spec.model, manifest, spec.hyper)
     if best:  # the model written is the best one validation saw, not the last
         meta = best[1]
         report.update(
             {"model": "best", "best_step": meta["step"], "best_epoch": meta["epoch"], "best_val": meta["value"]}
         )
-    manifest = load_manifest(data, spec.data)
     artifact = write_artifact(out, data, spec, manifest, report, replica)
     write_outputs(out, report, replica, extra=artifact)
     return report, replica

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ebb.catalogue import entry
+from ebb.catalogue import data_defaults, entry
 
 if TYPE_CHECKING:
     from ebb.models.base import Model, loss_value
@@ -40,11 +40,29 @@ def rating_range(manifest) -> tuple[float, float] | None:
     return None if low is None or high is None else (float(low), float(high))
 
 
+def auto_hyper(name: str, manifest, hp=None) -> dict[str, float]:
+    """The data-dependent defaults (catalogue ``auto``) that ``hp`` leaves unset (all of them
+    without ``hp``), computed from the manifest's training split: what a job of model
+    ``name`` trains with (the report's ``auto_hyper``). An explicit value is never replaced."""
+    shape = {"ratings": manifest.train.rows}
+    if manifest.kind == "ratings":
+        shape.update(users=manifest.num_users, items=manifest.num_items)
+    return {k: v for k, v in data_defaults(name, **shape).items() if hp is None or getattr(hp, k) is None}
+
+
+def resolve_hyper(name: str, manifest, hp):
+    """``hp`` with its unset data-dependent defaults filled in (:func:`auto_hyper`)."""
+    auto = auto_hyper(name, manifest, hp)
+    return hp.model_copy(update=auto) if auto else hp
+
+
 def build_model(name: str, manifest, hp, seed: int) -> Model:
-    """Build model ``name`` sized from a dataset ``manifest`` with hyper-parameters ``hp``."""
+    """Build model ``name`` sized from a dataset ``manifest`` with hyper-parameters ``hp``
+    (unset data-dependent ones resolved from the manifest: :func:`resolve_hyper`)."""
     expected = entry(name).data
     if manifest.kind != expected:
         raise ValueError(f"model {name!r} needs a {expected} dataset, but {manifest.format!r} data is {manifest.kind}")
+    hp = resolve_hyper(name, manifest, hp)
     if name == "pmf":
         from ebb.models.pmf import PMF
 
@@ -59,7 +77,7 @@ def build_model(name: str, manifest, hp, seed: int) -> Model:
             global_mean=float(manifest.stats.get("rating_mean", 0.0)),
             seed=seed,
             rating_range=rating_range(manifest),
-            optimizer=hp.optimizer or "sgd_momentum",
+            optimizer=hp.optimizer or entry(name).optimizer,
             cold_k=int(hp.cold_k or 0),
         )
     from ebb.models.logistic import DenseLR, SparseLR
@@ -68,4 +86,14 @@ def build_model(name: str, manifest, hp, seed: int) -> Model:
     return cls(manifest.num_features, lr=hp.lr, l2=hp.l2, seed=seed)
 
 
-__all__ = ["Model", "PMF", "SparseLR", "DenseLR", "build_model", "loss_value", "rating_range"]
+__all__ = [
+    "Model",
+    "PMF",
+    "SparseLR",
+    "DenseLR",
+    "auto_hyper",
+    "build_model",
+    "loss_value",
+    "rating_range",
+    "resolve_hyper",
+]

@@ -44,7 +44,7 @@ from ebb.models.base import Model
 from ebb.models.metrics import rmse
 from ebb.models.optim import SparseAdam, SparseSGD
 
-OPTIMIZERS = ("sgd_momentum", "adam")  # the first is the default
+OPTIMIZERS = ("sgd_momentum", "adam")  # a job's default is the catalogue's (ebb.catalogue)
 
 
 @dataclass
