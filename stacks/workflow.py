@@ -259,6 +259,8 @@ class Workflow(Construct):
                 event=events.RuleTargetInput.from_object(
                     {
                         "job_id": events.EventField.from_path("$.detail.name"),
+                        # A trial's execution names its job in its input (job_id): OnFailure reads it there.
+                        "execution_input": events.EventField.from_path("$.detail.input"),
                         "failed_state": names.EXECUTION,
                         "error": {
                             "Error": events.EventField.from_path("$.detail.status"),

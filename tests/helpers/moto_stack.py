@@ -535,6 +535,7 @@ class RunningStack:
                 "stateMachineArn": machine,
                 "name": execution_arn.rsplit(":", 1)[-1],
                 "status": status,
+                "input": self.stack.client("stepfunctions").describe_execution(executionArn=execution_arn)["input"],
             },
         }
         threads = []

@@ -11,6 +11,7 @@ training machine signed with the Tune machine's role, every handler under its ow
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -18,7 +19,19 @@ from ebb.data.prepare import prepare_dataset
 from ebb.data.synth import synth_ratings
 from ebb.ports import deployment as names
 from ebb.stores.local import FolderObjectStore
-from tests.infra.test_rehearsal import JOB, _entered, _of_job, _start, _stored, _wait, rehearsal_template, stood_up
+from tests.infra.test_rehearsal import (
+    JOB,
+    START_DEADLINE_S,
+    _all_return,
+    _entered,
+    _of_job,
+    _progress,
+    _start,
+    _stored,
+    _wait,
+    rehearsal_template,
+    stood_up,
+)
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +75,31 @@ def test_a_paused_job_ends_without_finalize_and_resumes_from_its_checkpoints(aws
     assert [(v["job_id"], v["round"]) for v in validated] == [(job, 0), (job, 1)]
     report = json.loads(_stored(aws, f"jobs/{job}/report.json"))
     assert report["steps"] == steps and report["rounds"] == 2
+    assert aws.stack.denied == []
+
+
+def test_a_stopped_trial_execution_stops_the_job_its_input_names(aws):
+    """A trial's execution is named `<job>-rK`, not after its job: the stopped-execution rule
+    hands OnFailure the execution's input, whose job_id is the job to abort and report (as when
+    a tune is stopped, and Step Functions stops its nested executions)."""
+    job = "rehearse-trial-stop"
+    spec = {**JOB, "data": "datasets/ml", "round_steps": None, "stop": {"max_epochs": 10_000},
+            "faults": {"worker_timeout_s": 2}, "job_id": job}  # fmt: skip
+    arn = _start(aws, f"{job}-r0", spec)
+    deadline = time.monotonic() + START_DEADLINE_S
+    while not (progress := _progress(aws, job)) or progress.get("step", 0) < 3:
+        assert time.monotonic() < deadline, "the job did not start training"
+        time.sleep(0.2)
+    aws.sfn.stop_execution(executionArn=arn)
+    for delivery in aws.running.execution_status_changed(arn, "ABORTED"):
+        delivery.join(timeout=60)
+    _all_return(aws, job)
+    (handed,) = [c for c in aws.runtime.of("on_failure") if c.event.get("job_id") == f"{job}-r0"]
+    assert handed.result == {"status": "failed", "report_key": f"s3://{aws.bucket}/jobs/{job}/report.json"}
+    (supervisor,) = _of_job(aws.runtime.of("supervisor"), job)
+    assert supervisor.error["errorType"] == "JobStopped", supervisor.error
+    assert _progress(aws, job)["state"] == "failed"
+    _wait(aws, arn)
     assert aws.stack.denied == []
 
 

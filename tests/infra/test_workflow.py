@@ -190,12 +190,15 @@ def test_an_execution_stopped_or_timed_out_goes_to_on_failure(default):
     (target,) = rule["Targets"]
     assert target["Arn"] == {"Fn::GetAtt": [default.function_id("on_failure"), "Arn"]}
     payload = target["InputTransformer"]
-    assert payload["InputPathsMap"] == {"detail-name": "$.detail.name", "detail-status": "$.detail.status"}
-    assert (
-        json.loads(payload["InputTemplate"].replace("<detail-name>", '"x"').replace("<detail-status>", '"y"'))[
-            "failed_state"
-        ]
-        == "Execution"
-    )
+    assert payload["InputPathsMap"] == {
+        "detail-name": "$.detail.name",
+        "detail-status": "$.detail.status",
+        "detail-input": "$.detail.input",  # a trial's execution names its job there
+    }
+    template = payload["InputTemplate"]
+    for field, value in (("name", "x"), ("status", "y"), ("input", '{"job_id": "j"}')):
+        template = template.replace(f"<detail-{field}>", json.dumps(value))
+    event = json.loads(template)
+    assert event["failed_state"] == "Execution" and event["execution_input"] == '{"job_id": "j"}'
     (permission,) = default.of_type("AWS::Lambda::Permission").values()
     assert permission["Principal"] == "events.amazonaws.com" and permission["FunctionName"] == target["Arn"]

@@ -85,6 +85,7 @@ class StateError(_Event):
 
 class FailureEvent(_Event):
     job_id: str | None = None
+    execution_input: str | None = None  # from the stopped-execution rule: the execution's input (JSON)
     spec_key: str | None = None
     failed_state: str = "unknown"
     error: StateError = Field(default_factory=StateError)

@@ -166,6 +166,20 @@ def split_control(raw: dict) -> tuple[dict, JobControl]:
     return spec, control
 
 
+def job_of_execution(name: str | None, execution_input: str) -> str | None:
+    """The job an execution ran: the ``job_id`` its input names (a trial's executions share
+    one), else the execution's name (as Validate decides)."""
+    try:
+        raw = json.loads(execution_input)
+    except ValueError:
+        return name
+    given = raw.get(names.JOB_ID_FIELD) if isinstance(raw, dict) else None
+    try:
+        return JobControl.model_validate({names.JOB_ID_FIELD: given}).job_id or name
+    except ValidationError:  # not a job id Validate would have taken: it ran as the execution
+        return name
+
+
 def resume_point(config: AwsConfig, job_id: str, workers: int) -> tuple[int, list[int]]:
     """Where a resumed job's rounds start: after its checkpoints' last complete round, with
     that round's workers; from the start (round 0, every worker) when it completed none, as
