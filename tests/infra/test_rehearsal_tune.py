@@ -11,10 +11,12 @@ training machine signed with the Tune machine's role, every handler under its ow
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
 
+from ebb.cli import main
 from ebb.data.prepare import prepare_dataset
 from ebb.data.synth import synth_ratings
 from ebb.ports import deployment as names
@@ -45,6 +47,7 @@ def aws(default, small_ratings, tmp_path_factory):
         prepare_dataset("movielens", root / "ratings.csv", prepared, batch_size=500, test_fraction=0.1, seed=1)
         for key in prepared.list():
             aws.s3.put_object(Bucket=aws.bucket, Key=f"datasets/tune/{key}", Body=prepared.get(key))
+        aws.tune_data = str(root / "prepared")  # for `ebb tune --stack`, which uploads it
         yield aws
 
 
@@ -155,3 +158,28 @@ def _parts(aws, data: str) -> list[str]:
 
 def _exists(aws, key: str) -> bool:
     return aws.s3.list_objects_v2(Bucket=aws.bucket, Prefix=key).get("KeyCount", 0) > 0
+
+
+def test_ebb_tune_stack_uploads_the_data_starts_the_search_and_prints_its_leaderboard(aws, monkeypatch, capsys):
+    for key, value in aws.stack.user_env({}).items():
+        monkeypatch.setenv(key, value)
+    argv = ["tune", "--stack", "Ebb", "--model", "pmf", "--data", aws.tune_data, "--workers", "1", "--name", "cli",
+            "--set", "hyper.rank=3", "--set", "scaling.policy=none", "--param", "hyper.lr=log_uniform:0.01,0.1",
+            "--trials", "2", "--eta", "2", "--min-epochs", "1", "--max-epochs", "2", "--watch"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    started = re.search(
+        r"started tune (cli-\d{8}-\d{6}-[0-9a-f]{4}): 1 fields over 2 trials, rungs at \[1, 2\]", printed
+    )
+    assert started, printed
+    tune_id = started.group(1)
+    assert re.search(r"^trial +val rmse +epochs +status", printed, re.MULTILINE), printed
+    assert re.search(r"^total \$[\d.]+; 2 trials in [\d.]+ s on the stack \(", printed, re.MULTILINE), printed
+    best = json.loads(_stored(aws, f"tunes/{tune_id}/tune.json"))["best"]["trial"]
+    assert f"best: trial {best} -> s3://{aws.bucket}/tunes/{tune_id}/best/" in printed
+    (promoted,) = [x for x in json.loads(_stored(aws, f"tunes/{tune_id}/tune.json"))["launches"] if x["rung"] == 1]
+    assert promoted["trial"] == best
+    # The local dataset went to the bucket once, under datasets/, and the trials read it there.
+    spec = json.loads(_stored(aws, f"jobs/{tune_id}-t000/spec.json"))
+    assert spec["data"].startswith(f"s3://{aws.bucket}/datasets/prepared-")
+    assert aws.stack.denied == []

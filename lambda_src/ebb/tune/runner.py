@@ -338,8 +338,9 @@ def _fmt(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def leaderboard_text(result: dict[str, Any], loss_name: str) -> str:
-    """The leaderboard as a table: trial, settings, best validation, epochs, status, $."""
+def leaderboard_text(result: dict[str, Any], loss_name: str, where: str = "here") -> str:
+    """The leaderboard as a table: trial, settings, best validation, epochs, status, $
+    (``where`` the search ran: "here", "on the stack")."""
     lines = [f"{'trial':>5}  {'val ' + loss_name:>12}  {'epochs':>6}  {'status':<13} {'$':>8}  settings"]
     for r in result["trials"]:
         val = f"{r['best_val']:.4f}" if r["best_val"] is not None else "-"
@@ -348,7 +349,7 @@ def leaderboard_text(result: dict[str, Any], loss_name: str) -> str:
             f"{_params_text(r['params'])}"
         )
     lines.append(
-        f"total ${result['total_usd']:.4f}; {len(result['trials'])} trials in {result['wall_seconds']:.1f} s here "
+        f"total ${result['total_usd']:.4f}; {len(result['trials'])} trials in {result['wall_seconds']:.1f} s {where} "
         f"({result['fleet_wall_seconds']:.1f} s on a fleet running each rung at once)"
     )
     return "\n".join(lines)

@@ -254,3 +254,57 @@ def _execution_error(error: dict[str, Any]) -> str:
         found = {k.lower(): v for k, v in described.items()}
         cause = f"{found.get('error') or ''}: {found.get('cause') or ''}".strip(": ")
     return f"{error.get('Error') or 'failed'}: {cause}".rstrip(": ")
+
+
+# -- the user's side: `ebb tune --stack NAME` ------------------------------------------------
+def submit_tune(deployment, spec: JobSpec, tspec: TuneSpec, progress=print) -> dict:
+    """Start the search as an execution of the stack's Tune state machine (its input: the
+    search and the base job, a local dataset uploaded first); returns its ARN, name, console link."""
+    from ebb.deployed import DeploymentError
+
+    machine = deployment.outputs.get(names.TUNE_STATE_MACHINE_OUTPUT)
+    if machine is None:
+        raise DeploymentError(
+            f"stack {deployment.stack} has no {names.TUNE_STATE_MACHINE_OUTPUT} output: deploy it again "
+            "(`npx cdk deploy`) to add the Tune state machine"
+        )
+    if spec.out:
+        raise DeploymentError("out: a trial's outputs go under jobs/<tune>-tNNN, the search's under tunes/: drop out")
+    search = {"tune": tspec.model_dump(mode="json"), "job": deployment.job_input(spec, progress)}
+    # The name's stem leaves room for the stamp and a trial's suffix (MAX_TUNE_ID).
+    return deployment.start(machine, spec.name[: MAX_TUNE_ID - 21], {"search": search})
+
+
+def watch_tune(deployment, execution_arn: str, emit=print, every_s: float = 10.0) -> tuple[str, dict | None]:
+    """Print the search's progress (trials started and finished, the best validation) until its
+    execution ends; returns its status and, when it succeeded, tune.json."""
+    from ebb.deployed import DONE, _session
+
+    sfn = _session().client("stepfunctions")
+    tune_id = execution_arn.rsplit(":", 1)[-1]
+    store = open_object_store(f"s3://{deployment.bucket}/{names.tune_prefix(tune_id)}")
+    last = None
+    while True:
+        desc = sfn.describe_execution(executionArn=execution_arn)
+        status = desc["status"]
+        line = f"{status.lower():9s}"
+        try:
+            saved = json.loads(store.get(STATE_FILE))
+        except KeyError:
+            saved = None
+        if saved is not None:
+            trials = saved["search"]["trials"]
+            done = sum(1 for t in trials if t["done"] or (t["status"] == "paused" and not t["running"]))
+            running = sum(1 for t in trials if t["running"])
+            scores = [min(t["scores"].values()) for t in trials if t["scores"]]
+            line += f"  {len(trials)} trials: {running} training, {done} between rungs or done"
+            line += f"  best val {min(scores):.4f}" if scores else ""
+        if line != last:
+            emit(f"[{time.strftime('%H:%M:%S')}] {line}")
+            last = line
+        if status in DONE:
+            if status != "SUCCEEDED":
+                emit(f"{desc.get('error', '')}: {desc.get('cause', '')}".strip(": "))
+                return status, None
+            return status, json.loads(store.get(RESULT_FILE))
+        time.sleep(every_s)
