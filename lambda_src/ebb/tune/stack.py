@@ -68,6 +68,7 @@ class StackTune:
         self.config, self.tune_id, self.tspec, self.base, self.search = config, tune_id, tspec, base, search
         self.started_at = time.time()
         self._trial_specs: dict[int, tuple[JobSpec, int, int]] = {}
+        self._parts: dict[str, int] = {}  # a dataset's training parts, read once per step
 
     # -- state ---------------------------------------------------------------------
     @staticmethod
@@ -139,7 +140,9 @@ class StackTune:
             doc["name"] = f"{str(doc.get('name') or self.tune_id)[:56]}-t{trial:03d}"
             doc.pop("out", None)  # a trial's outputs are its job's: jobs/<job id>/
             spec = normalise_for_aws(parse_spec(doc, f"trial {trial}"), self.config, job_id)
-            parts = len(load_manifest(open_object_store(spec.data), spec.data).train.parts)
+            if spec.data not in self._parts:
+                self._parts[spec.data] = len(load_manifest(open_object_store(spec.data), spec.data).train.parts)
+            parts = self._parts[spec.data]
             unit = one_worker_epoch(spec, parts)
             stop = spec.stop.model_copy(
                 update={"max_epochs": last_rung_passes(self.tspec.rungs()[-1], unit, spec, parts)}
