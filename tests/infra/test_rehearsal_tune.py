@@ -20,7 +20,7 @@ from ebb.cli import main
 from ebb.data.prepare import prepare_dataset
 from ebb.data.synth import synth_ratings
 from ebb.ports import deployment as names
-from ebb.stores import s3 as s3_store
+from ebb.stores import aws_clients
 from ebb.stores.local import FolderObjectStore
 from tests.infra.test_rehearsal import (
     JOB,
@@ -164,9 +164,9 @@ def _exists(aws, key: str) -> bool:
 def test_ebb_tune_stack_uploads_the_data_starts_the_search_and_prints_its_leaderboard(aws, monkeypatch, capsys):
     for key, value in aws.stack.user_env({}).items():
         monkeypatch.setenv(key, value)
-    # The S3 stores' boto3 session keeps the credentials it first resolved: an earlier test's
+    # The stores' boto3 session keeps the credentials it first resolved: an earlier test's
     # command in this process (another stack's administrator) must not lend it its own.
-    monkeypatch.setattr(s3_store, "_session", None)
+    monkeypatch.setattr(aws_clients, "_session", None)
     argv = ["tune", "--stack", "Ebb", "--model", "pmf", "--data", aws.tune_data, "--workers", "1", "--name", "cli",
             "--set", "hyper.rank=3", "--set", "scaling.policy=none", "--param", "hyper.lr=log_uniform:0.01,0.1",
             "--trials", "2", "--eta", "2", "--min-epochs", "1", "--max-epochs", "2", "--watch"]  # fmt: skip
