@@ -1,6 +1,6 @@
-"""Compute: the seven Lambda functions of docs/AWS.md, their code, environment and grants.
+"""Compute: the eight Lambda functions of docs/AWS.md, their code, environment and grants.
 
-Worker, supervisor, prepare, finalize and predict run from one container image built from
+Worker, supervisor, prepare, finalize, predict and tune run from one container image built from
 `lambda_src/` at deploy time (torch fits no layer); each function's image command names
 its handler. Validate and on_failure are zip functions: the light part of the `ebb`
 package plus the layer staged in `layers/common` (pydantic, pyyaml, powertools).
@@ -33,6 +33,8 @@ from stacks.messaging import Messaging
 from stacks.settings import FunctionSettings
 
 HANDLER = "ebb.aws.handlers.{name}.handler"
+# The tune function's handler sits with the search it runs, above the AWS layer.
+TUNE_HANDLER = "ebb.tune.handler.handler"
 # What the zip functions cannot import (it needs numpy, torch, scipy, redis or rich) or
 # never run (the CLI, the local runner); and the image's build files. The light floor
 # stays (ebb/ports, the spec and its model catalogue), and of the engine its checkpoint
@@ -75,6 +77,11 @@ class _Role:
     name: str  # handler module and POWERTOOLS_SERVICE_NAME suffix
     image: bool  # container image (True) or zip + layer
     in_vpc: bool  # talks to Redis
+    handler: str | None = None  # the handler, where it is not HANDLER's
+
+    @property
+    def command(self) -> str:
+        return self.handler or HANDLER.format(name=self.name)
 
 
 _ROLES = {
@@ -85,11 +92,12 @@ _ROLES = {
     "validate": _Role("validate", image=False, in_vpc=False),
     "onFailure": _Role("on_failure", image=False, in_vpc=False),
     "predict": _Role("predict", image=True, in_vpc=False),
+    "tune": _Role("tune", image=True, in_vpc=False, handler=TUNE_HANDLER),
 }
 
 
 class Compute(Construct):
-    """The functions, by name: worker, supervisor, prepare, finalize, validate, onFailure, predict.
+    """The functions, by name: worker, supervisor, prepare, finalize, validate, onFailure, predict, tune.
 
     `trace_in_vpc`: whether the in-VPC functions can reach X-Ray (a NAT gateway or an
     `xray` interface endpoint); without a route their traces would be lost, so they send
@@ -163,6 +171,7 @@ class Compute(Construct):
             },
             "onFailure": {**common_env, **events},
             "predict": {**common_env, **workers},
+            "tune": dict(common_env),
         }
 
         stack_name = Stack.of(self).stack_name
@@ -188,7 +197,7 @@ class Compute(Construct):
                 "tracing": lambda_.Tracing.ACTIVE if traced else lambda_.Tracing.DISABLED,
                 "log_group": log_group,
                 "environment": {**env[key], names.SERVICE_NAME_ENV: names.service_name(role.name)},
-                "description": f"Ebb {role.name} (ebb.aws.handlers.{role.name})",
+                "description": f"Ebb {role.name} ({role.command.removesuffix('.handler')})",
             }
             if role.in_vpc:
                 options.update(vpc=vpc, vpc_subnets=vpc_subnets, security_groups=[security_group])
@@ -197,7 +206,7 @@ class Compute(Construct):
                     self,
                     construct_name,
                     code=lambda_.DockerImageCode.from_image_asset(
-                        str(lambda_src), cmd=[HANDLER.format(name=role.name)], platform=_PLATFORMS[architecture]
+                        str(lambda_src), cmd=[role.command], platform=_PLATFORMS[architecture]
                     ),
                     **options,
                 )
@@ -206,7 +215,7 @@ class Compute(Construct):
                     self,
                     construct_name,
                     runtime=runtime,
-                    handler=HANDLER.format(name=role.name),
+                    handler=role.command,
                     code=zip_code,
                     layers=[layer],
                     **options,
@@ -227,7 +236,7 @@ class Compute(Construct):
                 function,
                 in_vpc=_ROLES[key].in_vpc,
                 traced=trace_in_vpc or not _ROLES[key].in_vpc,
-                reads_account_settings=key == "validate",
+                reads_account_settings=key in ("validate", "tune"),
             )
         self._acknowledge_prefix_grants(bucket)
 
@@ -248,8 +257,10 @@ class Compute(Construct):
                 bucket.grant_delete(function, pattern)
         for key in ("worker", "supervisor"):
             cache.auth_secret.grant_read(f[key])
-        # Validate checks that the account can run a round's invocations at once.
-        f["validate"].add_to_role_policy(iam.PolicyStatement(actions=["lambda:GetAccountSettings"], resources=["*"]))
+        # Validate checks that the account can run a round's invocations at once; tune caps a
+        # pass's trials running together by it.
+        for key in ("validate", "tune"):
+            f[key].add_to_role_policy(iam.PolicyStatement(actions=["lambda:GetAccountSettings"], resources=["*"]))
 
         for queue in messaging.worker_queues:
             queue.grant_consume_messages(f["worker"])
@@ -287,6 +298,7 @@ _WHY_WRITES = {
     f"{names.JOBS}*/{names.SPEC_FILE}": "validate writes the normalised job spec, and nothing else",
     f"{names.JOBS}*/{names.PROGRESS_KEY}": "the supervisor writes the job's progress for `ebb watch`, nothing else",
     f"{names.PREDICTIONS}*": "the predict function writes a predict run's shards and manifest only here",
+    f"{names.TUNES}*": "the tune function writes a search's state, leaderboard and best trial only here",
 }
 
 
@@ -353,7 +365,9 @@ def _acknowledge_role_findings(
             Acknowledgment(id=f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{policy}]", reason=why)
         )
     unscoped = (["X-Ray's PutTraceSegments and PutTelemetryRecords (active tracing)"] if traced else []) + (
-        ["Lambda's GetAccountSettings (the account's concurrency, read by Validate)"] if reads_account_settings else []
+        ["Lambda's GetAccountSettings (the account's concurrency, read by Validate and tune)"]
+        if reads_account_settings
+        else []
     )
     findings = [
         ("Action::s3:GetObject*", "CDK's bucket read grant: GetObject and its version and attribute variants."),

@@ -19,7 +19,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from ebb.ports.deployment import JOB_DIMENSION, METRICS_NAMESPACE, PREDICT_DIMENSION
+from ebb.ports.deployment import JOB_DIMENSION, METRICS_NAMESPACE, PREDICT_DIMENSION, TUNE_DIMENSION
 from stacks.cache import Cache
 
 # The dimension value the job widgets are drawn with; the "Job" variable replaces it.
@@ -43,6 +43,7 @@ class Dashboard(Construct):
         state_machine: sfn.StateMachine,
         alarm_topic: sns.ITopic,
         predict_machine: sfn.StateMachine | None = None,
+        tune_machine: sfn.StateMachine | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
 
@@ -184,6 +185,8 @@ class Dashboard(Construct):
 
         if predict_machine is not None:
             self.dashboard.add_widgets(*_predict_widgets(predict_machine, graph))
+        if tune_machine is not None:
+            self.dashboard.add_widgets(*_tune_widgets(tune_machine, graph))
 
         alarm_action = cw_actions.SnsAction(alarm_topic)
         self.failed_executions_alarm = cw.Alarm(
@@ -249,6 +252,50 @@ def _predict_widgets(machine: sfn.StateMachine, graph: dict) -> list[cw.IWidget]
         ),
         cw.GraphWidget(
             title="Predict runs",
+            statistic="Sum",
+            left=[
+                machine.metric_started(label="started", period=PERIOD),
+                machine.metric_succeeded(label="succeeded", period=PERIOD),
+                machine.metric_failed(label="failed", period=PERIOD),
+            ],
+            **graph,
+        ),
+    ]
+
+
+def _tune_widgets(machine: sfn.StateMachine, graph: dict) -> list[cw.IWidget]:
+    """`ebb tune --stack`: trials started and finished over every search, each search's best
+    validation (the metrics the tune function puts, SEARCH over the TuneId dimension), and
+    the Tune executions."""
+
+    def every_tune(name: str, label: str) -> cw.MathExpression:
+        return cw.MathExpression(
+            expression=f"SUM(SEARCH('{{{METRICS_NAMESPACE},{TUNE_DIMENSION}}} MetricName=\"{name}\"', 'Sum', 300))",
+            label=label,
+            period=PERIOD,
+        )
+
+    return [
+        cw.TextWidget(markdown="## Tuning", width=24, height=1),
+        cw.GraphWidget(
+            title="Trials",
+            left=[every_tune("TrialsStarted", "started"), every_tune("TrialsFinished", "finished")],
+            **graph,
+        ),
+        cw.GraphWidget(
+            title="Best validation (per search)",
+            left=[
+                cw.MathExpression(
+                    expression=f"SEARCH('{{{METRICS_NAMESPACE},{TUNE_DIMENSION}}} "
+                    f"MetricName=\"BestValidation\"', 'Minimum', 300)",
+                    label="",
+                    period=PERIOD,
+                )
+            ],
+            **graph,
+        ),
+        cw.GraphWidget(
+            title="Tune runs",
             statistic="Sum",
             left=[
                 machine.metric_started(label="started", period=PERIOD),

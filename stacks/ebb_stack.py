@@ -16,6 +16,7 @@ from stacks.network import Network
 from stacks.predict import PredictWorkflow
 from stacks.settings import Settings
 from stacks.storage import Storage
+from stacks.tune import TuneWorkflow
 from stacks.workflow import Workflow
 
 
@@ -104,6 +105,14 @@ class EbbStack(Stack):
             log_retention=retention,
             removal_policy=removal,
         )
+        self.tune = TuneWorkflow(
+            self,
+            "Tune",
+            function=self.compute.functions["tune"],
+            training=self.workflow.state_machine,
+            log_retention=retention,
+            removal_policy=removal,
+        )
         self.dashboard = Dashboard(
             self,
             "Dashboard",
@@ -115,6 +124,7 @@ class EbbStack(Stack):
             state_machine=self.workflow.state_machine,
             alarm_topic=self.messaging.events_topic,
             predict_machine=self.predict.state_machine,
+            tune_machine=self.tune.state_machine,
         )
 
         # docs/AWS.md "Stack outputs": read by `ebb submit`, `ebb watch` and `ebb report`.
@@ -148,4 +158,10 @@ class EbbStack(Stack):
             names.PREDICT_STATE_MACHINE_OUTPUT,
             value=self.predict.state_machine.state_machine_arn,
             description="the Predict state machine: one execution per `ebb predict --stack`",
+        )
+        CfnOutput(
+            self,
+            names.TUNE_STATE_MACHINE_OUTPUT,
+            value=self.tune.state_machine.state_machine_arn,
+            description="the Tune state machine: one execution per `ebb tune --stack`",
         )

@@ -19,7 +19,7 @@ from ebb.ports import deployment as names
 
 # The in-VPC functions reach these AWS APIs through interface endpoints (egress "endpoints").
 INTERFACE_ENDPOINT_NAMES = ("secretsmanager", "sqs", "sns", "xray", "logs", "monitoring", "lambda", "states")
-FUNCTION_NAMES = ("worker", "supervisor", "prepare", "finalize", "validate", "onFailure", "predict")
+FUNCTION_NAMES = ("worker", "supervisor", "prepare", "finalize", "validate", "onFailure", "predict", "tune")
 # Per worker: a queue, its subscription and its queue policy. Past this the stack would near
 # CloudFormation's 500 resources and the worker role's 10 KB inline-policy limit.
 MAX_WORKERS_LIMIT = 100

@@ -3,12 +3,17 @@
     Validate -> Prepare? -> Round = Parallel(Supervisor | Map over $.workers: Worker)
                               ^                               |
                               +--- status == "unfinished" ----+--> Finalize -> Succeed
+                                   (steps >= pause_after_steps > 0: Paused, no Finalize)
     any Catch -> <State>Failed (records failed_state) -> OnFailure -> Fail (OnFailure's own Catch: Fail)
     execution stopped or timed out -> (EventBridge rule) -> OnFailure
 
 The Round reduces the Parallel's [supervisor branch, workers] output to the supervisor's
 result plus job_id and spec_key: the supervisor branch ends in a Pass that builds that
-flat state and the Parallel's OutputPath `$[0]` keeps it. So the Choice reads `$.status`
+flat state and the Parallel's OutputPath `$[0]` keeps it, with Validate's
+`pause_after_steps` carried along. An unfinished round whose steps reach a non-zero
+`pause_after_steps` ends the execution in Paused: its checkpoints stay, and an execution
+with `resume: true` and the same `job_id` carries on from them (`ebb tune --stack`
+promotes a trial so). So the Choice reads `$.status`
 (never an array index: moto's Choice cannot) and `round` and `workers` feed the next
 round. (A ResultSelector such as `$[0].job_id` would do the same on AWS, but moto wraps
 any value read directly under an array index in a list.) The Map runs every worker of
@@ -54,6 +59,7 @@ LAMBDA_SERVICE_ERRORS = [
 ]
 _JOB = {"job_id.$": "$.job_id", "spec_key.$": "$.spec_key"}
 _SUPERVISOR_RESULT = ("status", "round", "workers", "steps", "stop_reason")
+_PAUSE = {f"{names.PAUSE_FIELD}.$": f"$.{names.PAUSE_FIELD}"}
 
 
 class Workflow(Construct):
@@ -129,7 +135,9 @@ class Workflow(Construct):
 
         # Branch 0 ends with the next state, flat: job_id, spec_key and the supervisor's result.
         next_state = sfn.Pass(
-            self, "NextRound", parameters={**_JOB, **{key + ".$": f"$.supervisor.{key}" for key in _SUPERVISOR_RESULT}}
+            self,
+            "NextRound",
+            parameters={**_JOB, **_PAUSE, **{key + ".$": f"$.supervisor.{key}" for key in _SUPERVISOR_RESULT}},
         )
         round_state = sfn.Parallel(self, names.ROUND, output_path="$[0]")
         round_state.branch(supervisor.next(next_state))
@@ -150,9 +158,24 @@ class Workflow(Construct):
         finalize.add_catch(failed(names.FINALIZE), errors=["States.ALL"], result_path="$.error")
         finalize.next(sfn.Succeed(self, "Done"))
 
+        unfinished = sfn.Condition.string_equals("$.status", "unfinished")
+        pause = f"$.{names.PAUSE_FIELD}"
+        paused = sfn.Pass(
+            self,
+            names.PAUSED,
+            parameters={**_JOB, "status": "paused", **{f"{k}.$": f"$.{k}" for k in ("round", "workers", "steps")}},
+        )
         next_round = (
             sfn.Choice(self, "Unfinished?")
-            .when(sfn.Condition.string_equals("$.status", "unfinished"), round_state)
+            .when(
+                sfn.Condition.and_(
+                    unfinished,
+                    sfn.Condition.number_greater_than(pause, 0),
+                    sfn.Condition.number_greater_than_equals_json_path("$.steps", pause),
+                ),
+                paused,
+            )
+            .when(unfinished, round_state)
             .otherwise(finalize)
         )
         round_state.next(next_round)
@@ -236,6 +259,8 @@ class Workflow(Construct):
                 event=events.RuleTargetInput.from_object(
                     {
                         "job_id": events.EventField.from_path("$.detail.name"),
+                        # A trial's execution names its job in its input (job_id): OnFailure reads it there.
+                        "execution_input": events.EventField.from_path("$.detail.input"),
                         "failed_state": names.EXECUTION,
                         "error": {
                             "Error": events.EventField.from_path("$.detail.status"),

@@ -134,6 +134,20 @@ class Deployment:
 
     def submit(self, spec: JobSpec, progress: Callable[[str], None] = print, session=None) -> dict:
         """Start ``spec`` as an execution (a unique name); returns its ARN, name and console link."""
+        return self.start(self.state_machine_arn, spec.name[:50], self.job_input(spec, progress), session)
+
+    def start(self, machine_arn: str, name: str, doc: dict, session=None) -> dict:
+        """Start an execution of ``machine_arn`` named ``name``, a time stamp and a random suffix
+        (20 characters more), with input ``doc``; returns its ARN, name and console link."""
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        name = f"{name}-{stamp}-{secrets.token_hex(2)}"
+        sfn = (session or _session()).client("stepfunctions")
+        started = sfn.start_execution(stateMachineArn=machine_arn, name=name, input=json.dumps(doc))
+        return {"executionArn": started["executionArn"], "name": name, "console": console_link(started["executionArn"])}
+
+    def job_input(self, spec: JobSpec, progress: Callable[[str], None] = print) -> dict:
+        """``spec`` as an execution's input: a local dataset (or raw file to prepare) uploaded
+        to the bucket first, and named by its s3:// location."""
         doc = spec.model_dump(mode="json", exclude_none=True)
         if not is_s3(spec.data):
             if not Path(spec.data).exists() and spec.prepare is None:
@@ -145,11 +159,7 @@ class Deployment:
                 key = f"{names.RAW}{spec.name}/{Path(spec.prepare.input).name}"
                 open_object_store(f"s3://{self.bucket}").put_file(key, spec.prepare.input)
                 doc["prepare"]["input"] = f"s3://{self.bucket}/{key}"
-        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-        name = f"{spec.name[:50]}-{stamp}-{secrets.token_hex(2)}"
-        sfn = (session or _session()).client("stepfunctions")
-        started = sfn.start_execution(stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(doc))
-        return {"executionArn": started["executionArn"], "name": name, "console": console_link(started["executionArn"])}
+        return doc
 
 
 def console_link(execution_arn: str) -> str:

@@ -159,19 +159,21 @@ class Synthesis:
         return next(iter(found.items()))
 
     def machine(self, construct: str = "Workflow") -> tuple[str, dict]:
-        """The training state machine (``Workflow``), or the ``Predict`` one: logical id, properties."""
+        """The training state machine (``Workflow``), or the ``Predict`` or ``Tune`` one: logical id, properties."""
         found = {k: v for k, v in self.of_type("AWS::StepFunctions::StateMachine").items() if k.startswith(construct)}
         assert len(found) == 1, f"expected one {construct} state machine, found {sorted(found)}"
         return next(iter(found.items()))
 
     @cached_property
     def functions(self) -> dict[str, dict]:
-        """Properties of each Lambda function, by handler module name (worker, ..., on_failure)."""
+        """Properties of each Lambda function, by handler module name (worker, ..., on_failure, tune)."""
         out = {}
         for props in self.of_type("AWS::Lambda::Function").values():
             handler = props.get("Handler") or props["ImageConfig"]["Command"][0]
             if handler.startswith("ebb.aws.handlers."):  # not CDK's own (the buckets' auto-delete)
                 out[handler.split(".")[-2]] = props
+            elif handler == "ebb.tune.handler.handler":  # the search's handler sits in ebb.tune
+                out["tune"] = props
         return out
 
     def function_id(self, name: str) -> str:
@@ -187,6 +189,12 @@ class Synthesis:
     def predict_definition(self) -> dict:
         """The Predict state machine's ASL, with ARNs as placeholders."""
         _, props = self.machine("Predict")
+        return json.loads(resolve(props["DefinitionString"]))
+
+    @cached_property
+    def tune_definition(self) -> dict:
+        """The Tune state machine's ASL, with ARNs as placeholders."""
+        _, props = self.machine("Tune")
         return json.loads(resolve(props["DefinitionString"]))
 
     @cached_property

@@ -12,6 +12,12 @@ from pathlib import Path
 
 INVOKE = str(Path(__file__).with_name("lambda_invoke.py"))
 HANDLERS = "ebb.aws.handlers."
+TUNE_HANDLER = "ebb.tune.handler"  # the one handler above the AWS layer (stacks/compute.py)
+
+
+def handler_module(name: str) -> str:
+    """A handler's module from its short name (``worker``) or its module (``ebb.tune.handler``)."""
+    return name if name.startswith("ebb.") else HANDLERS + name
 
 
 class LambdaError(RuntimeError):
@@ -33,7 +39,7 @@ class Invocation:
     def __init__(self, name: str, event: dict, env: dict[str, str], timeout_s: float = 150.0):
         self.name, self.event = name, event
         self.proc = subprocess.Popen(
-            [sys.executable, INVOKE, HANDLERS + name, str(timeout_s)],
+            [sys.executable, INVOKE, handler_module(name), str(timeout_s)],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:  # run as a script (scripts/rehearse.sh): tests.he
     sys.path.insert(0, str(ROOT))
 
 from tests.helpers.aws import REGION, aws_env  # noqa: E402
-from tests.helpers.lambdas import HANDLERS, Invocation, LambdaError  # noqa: E402
+from tests.helpers.lambdas import HANDLERS, TUNE_HANDLER, Invocation, LambdaError, handler_module  # noqa: E402
 from tests.helpers.tls_redis import TlsRedisServers  # noqa: E402
 
 ACCOUNT = "123456789012"  # moto's default account
@@ -129,8 +129,8 @@ class LambdaRuntime:
     ) -> bytes:
         name = backend.get_function(function_name, qualifier).function_name
         function = self.functions.get(name)
-        if function is None or not function.handler.startswith(HANDLERS):
-            raise ValueError(f"{name}: not one of the stack's handlers ({HANDLERS}*)")
+        if function is None or not function.handler.startswith((HANDLERS, TUNE_HANDLER)):
+            raise ValueError(f"{name}: not one of the stack's handlers ({HANDLERS}*, {TUNE_HANDLER})")
         event = json.loads(body or "{}")
         env = {
             **self.base_env,
@@ -145,7 +145,7 @@ class LambdaRuntime:
                 function.handler,
                 event,
                 time.monotonic(),
-                invocation=Invocation(function.handler.removeprefix(HANDLERS), event, env, timeout_s=function.timeout),
+                invocation=Invocation(function.handler, event, env, timeout_s=function.timeout),
             )
             self.calls.append(call)
         # Lambda stops an invocation at the function's timeout.
@@ -181,8 +181,9 @@ class LambdaRuntime:
         return invoke
 
     def of(self, handler: str) -> list[Call]:
-        """The calls of one handler module (``worker``, ``ebb.aws.handlers.worker``), in start order."""
-        module = handler if handler.startswith(HANDLERS) else HANDLERS + handler
+        """The calls of one handler module (``worker``, ``ebb.aws.handlers.worker``, ``ebb.tune.handler``),
+        in start order."""
+        module = handler_module(handler)
         return [c for c in self.calls if c.handler == module]
 
     def running(self) -> list[Call]:
@@ -495,6 +496,23 @@ def _executor_signs_with(patch, credentials: dict[str, dict[str, str]], port: in
     patch.setattr(lambda_eval_utils, "execute_lambda_function_integration", execute)
     patch.setattr(lambda_eval_utils, "boto_client_for", boto_client_for)
 
+    # A nested execution (states:startExecution.sync:2): started and watched with the calling
+    # machine's role too, so its states:* grants are enforced.
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import state_task_service_sfn
+
+    service = state_task_service_sfn.StateTaskServiceSfn
+
+    def signed(method):
+        def call(self, env, *args, **kwargs):
+            current.credentials = credentials[env.states.context_object.context_object_data["StateMachine"]["Id"]]
+            return method(self, env, *args, **kwargs)
+
+        return call
+
+    for name in ("_eval_service_task", "_build_sync_resolver", "_build_sync2_resolver"):
+        patch.setattr(service, name, signed(getattr(service, name)))
+    patch.setattr(state_task_service_sfn, "boto_client_for", boto_client_for)
+
 
 @dataclass
 class RunningStack:
@@ -517,6 +535,7 @@ class RunningStack:
                 "stateMachineArn": machine,
                 "name": execution_arn.rsplit(":", 1)[-1],
                 "status": status,
+                "input": self.stack.client("stepfunctions").describe_execution(executionArn=execution_arn)["input"],
             },
         }
         threads = []

@@ -74,6 +74,7 @@ def test_npx_cdk_synth_works_offline(cli_synth):
         "DashboardName",
         "DashboardUrl",
         "PredictStateMachineArn",
+        "TuneStateMachineArn",
     }
 
 

@@ -16,7 +16,7 @@ from ebb.ports import deployment as names
 from stacks.image import image_python
 from tests.helpers.infra import ROOT
 
-IMAGE_FUNCTIONS = ("worker", "supervisor", "prepare", "finalize", "predict")
+IMAGE_FUNCTIONS = ("worker", "supervisor", "prepare", "finalize", "predict", "tune")
 ZIP_FUNCTIONS = ("validate", "on_failure")
 # What the zip functions must run without (docs/AWS.md "Functions").
 HEAVY = ("numpy", "torch", "scipy", "redis", "matplotlib", "rich")
@@ -50,7 +50,8 @@ def test_four_functions_run_from_one_image_with_their_own_command(default):
     for name in IMAGE_FUNCTIONS:
         props = default.functions[name]
         assert props["PackageType"] == "Image"
-        assert props["ImageConfig"]["Command"] == [f"ebb.aws.handlers.{name}.handler"]
+        module = "ebb.tune.handler" if name == "tune" else f"ebb.aws.handlers.{name}"  # the search's sits in ebb.tune
+        assert props["ImageConfig"]["Command"] == [f"{module}.handler"]
         assert image_hash in json.dumps(props["Code"]["ImageUri"])
         assert props["Architectures"] == ["x86_64"]
 

@@ -87,6 +87,7 @@ def test_outputs_are_the_documented_ones(default):
         "DashboardName",
         "DashboardUrl",
         "PredictStateMachineArn",
+        "TuneStateMachineArn",
     }
     assert outputs["PredictStateMachineArn"]["Value"] == {"Ref": default.machine("Predict")[0]}
     sm_id, _ = default.machine()

@@ -45,7 +45,18 @@ EXECUTION_DEADLINE_S = 240  # a hung execution fails the test with its history, 
 START_DEADLINE_S = 180  # a job that never starts training fails here (generous: CI runs the layers side by side)
 # After an execution fails, every invocation of its job has returned within this (docs/AWS.md "Abort").
 ORPHAN_DEADLINE_S = 20
-FINISHED_OUTPUT = {"job_id", "spec_key", "status", "round", "workers", "steps", "stop_reason", "report"}
+# (pause_after_steps: Validate's, carried from round to round; 0, the job never pauses)
+FINISHED_OUTPUT = {
+    "job_id",
+    "spec_key",
+    "status",
+    "round",
+    "workers",
+    "steps",
+    "stop_reason",
+    "pause_after_steps",
+    "report",
+}
 
 
 def rehearsal_template(default) -> dict:

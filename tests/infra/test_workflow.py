@@ -57,6 +57,7 @@ def test_the_job_flows_validate_prepare_rounds_finalize(default):
         "workers.$": "$.supervisor.workers",
         "steps.$": "$.supervisor.steps",
         "stop_reason.$": "$.supervisor.stop_reason",
+        "pause_after_steps.$": "$.pause_after_steps",  # Validate's, carried to the Choice
     }
     workers = workers_branch["States"]["Workers"]
     assert workers["Type"] == "Map" and workers["ItemsPath"] == "$.workers"
@@ -71,7 +72,20 @@ def test_the_job_flows_validate_prepare_rounds_finalize(default):
 
     loop = states[round_state["Next"]]
     assert loop["Type"] == "Choice" and loop["Default"] == "Finalize"
-    assert loop["Choices"] == [{"Variable": "$.status", "StringEquals": "unfinished", "Next": "Round"}]
+    unfinished = {"Variable": "$.status", "StringEquals": "unfinished"}
+    assert loop["Choices"] == [
+        {  # paused: an unfinished round that reached a non-zero pause_after_steps ends the execution
+            "And": [
+                unfinished,
+                {"Variable": "$.pause_after_steps", "NumericGreaterThan": 0},
+                {"Variable": "$.steps", "NumericGreaterThanEqualsPath": "$.pause_after_steps"},
+            ],
+            "Next": "Paused",
+        },
+        {**unfinished, "Next": "Round"},
+    ]
+    assert states["Paused"]["Type"] == "Pass" and states["Paused"].get("End") is True
+    assert states["Paused"]["Parameters"]["status"] == "paused"
     assert states["Finalize"]["Next"] == "Done" and states["Done"]["Type"] == "Succeed"
 
 
@@ -91,8 +105,13 @@ def test_each_task_invokes_its_function(default):
 def test_no_choice_reads_an_array_index(default, scaled):
     for synth in (default, scaled):
         for state in all_states(synth.definition).values():
-            for choice in state.get("Choices", []):
-                assert "[" not in choice["Variable"], choice
+            rules = list(state.get("Choices", []))
+            while rules:
+                rule = rules.pop()
+                if "And" in rule or "Or" in rule:
+                    rules += rule.get("And", []) + rule.get("Or", [])
+                    continue
+                assert "[" not in rule["Variable"], rule
 
 
 def test_every_task_retries_lambda_service_errors_only(default):
@@ -171,12 +190,15 @@ def test_an_execution_stopped_or_timed_out_goes_to_on_failure(default):
     (target,) = rule["Targets"]
     assert target["Arn"] == {"Fn::GetAtt": [default.function_id("on_failure"), "Arn"]}
     payload = target["InputTransformer"]
-    assert payload["InputPathsMap"] == {"detail-name": "$.detail.name", "detail-status": "$.detail.status"}
-    assert (
-        json.loads(payload["InputTemplate"].replace("<detail-name>", '"x"').replace("<detail-status>", '"y"'))[
-            "failed_state"
-        ]
-        == "Execution"
-    )
+    assert payload["InputPathsMap"] == {
+        "detail-name": "$.detail.name",
+        "detail-status": "$.detail.status",
+        "detail-input": "$.detail.input",  # a trial's execution names its job there
+    }
+    template = payload["InputTemplate"]
+    for field, value in (("name", "x"), ("status", "y"), ("input", '{"job_id": "j"}')):
+        template = template.replace(f"<detail-{field}>", json.dumps(value))
+    event = json.loads(template)
+    assert event["failed_state"] == "Execution" and event["execution_input"] == '{"job_id": "j"}'
     (permission,) = default.of_type("AWS::Lambda::Permission").values()
     assert permission["Principal"] == "events.amazonaws.com" and permission["FunctionName"] == target["Arn"]

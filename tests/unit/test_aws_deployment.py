@@ -11,7 +11,7 @@ import pytest
 
 from ebb.aws.config import ConfigError
 from ebb.aws.deployment import Deployment
-from ebb.aws.jobs import JobSpecError, heartbeat_while
+from ebb.aws.jobs import JobSpecError, heartbeat_while, job_of_execution, split_control
 from ebb.engine.clock import wall
 from ebb.ports import deployment as names
 from ebb.spec import parse_spec
@@ -101,3 +101,22 @@ def test_the_supervisor_beats_while_it_checks_a_dataset():
         time.sleep(1.0)
         assert wall() - store.heartbeats([-1])[-1] < 0.5
     assert store.heartbeats([-1])[-1] > started + 0.6
+
+
+def test_an_executions_control_fields_are_taken_out_of_its_job_spec():
+    spec, control = split_control({"model": "pmf", "data": "d", "job_id": "t-t001", "resume": True,
+                                   "pause_after_steps": 12})  # fmt: skip
+    assert spec == {"model": "pmf", "data": "d"}
+    assert (control.job_id, control.resume, control.pause_after_steps) == ("t-t001", True, 12)
+    assert split_control({"model": "pmf"})[1].model_dump() == {"job_id": None, "resume": False, "pause_after_steps": 0}
+    with pytest.raises(JobSpecError, match="execution input: pause_after_steps: Input should be greater than"):
+        split_control({"model": "pmf", "pause_after_steps": -1})
+    with pytest.raises(JobSpecError, match="execution input: job_id: String should match pattern"):
+        split_control({"model": "pmf", "job_id": "../other"})
+
+
+def test_a_stopped_execution_is_the_job_its_input_names_else_its_own():
+    assert job_of_execution("t-t001-r1", json.dumps({"model": "pmf", "job_id": "t-t001"})) == "t-t001"
+    assert job_of_execution("my-job", json.dumps({"model": "pmf"})) == "my-job"
+    assert job_of_execution("my-job", json.dumps({"job_id": "bad/id"})) == "my-job"  # Validate refused it too
+    assert job_of_execution("my-job", "not json") == "my-job"

@@ -25,10 +25,22 @@ class JobRef(_Event):
     spec_key: str
 
 
+class JobControl(BaseModel):
+    """The execution input's fields beside the job spec (``ebb.ports.deployment.CONTROL_FIELDS``):
+    whose job this is, whether it carries on from its checkpoints, where it pauses."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,80}$")
+    resume: bool = False
+    pause_after_steps: int = Field(0, ge=0)
+
+
 class ValidateResult(JobRef):
     prepare: bool
     round: int = 0
     workers: list[int]
+    pause_after_steps: int = 0
 
 
 class PrepareResult(BaseModel):
@@ -73,6 +85,7 @@ class StateError(_Event):
 
 class FailureEvent(_Event):
     job_id: str | None = None
+    execution_input: str | None = None  # from the stopped-execution rule: the execution's input (JSON)
     spec_key: str | None = None
     failed_state: str = "unknown"
     error: StateError = Field(default_factory=StateError)

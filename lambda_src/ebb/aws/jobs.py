@@ -17,7 +17,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
+from pydantic import ValidationError
+
 from ebb.aws.config import AwsConfig
+from ebb.aws.contract import JobControl
+from ebb.engine import checkpoint
 from ebb.ports import deployment as names
 from ebb.ports.keys import PROGRESS_KEY
 from ebb.ports.objects import ObjectStore
@@ -148,6 +152,45 @@ def heartbeat_while(beat: Callable[[], None], every_s: float = 1.0) -> Iterator[
 
 class JobSpecError(ValueError):
     """The execution's job spec cannot run on this deployment (the message names the field)."""
+
+
+def split_control(raw: dict) -> tuple[dict, JobControl]:
+    """An execution's input -> (the job spec's fields, its ``JobControl``): the fields of
+    ``ebb.ports.deployment.CONTROL_FIELDS`` steer the execution and are not the spec's."""
+    spec = {k: v for k, v in raw.items() if k not in names.CONTROL_FIELDS}
+    try:
+        control = JobControl.model_validate({k: raw[k] for k in names.CONTROL_FIELDS if k in raw})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise JobSpecError(f"execution input: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    return spec, control
+
+
+def job_of_execution(name: str | None, execution_input: str) -> str | None:
+    """The job an execution ran: the ``job_id`` its input names (a trial's executions share
+    one), else the execution's name (as Validate decides)."""
+    try:
+        raw = json.loads(execution_input)
+    except ValueError:
+        return name
+    given = raw.get(names.JOB_ID_FIELD) if isinstance(raw, dict) else None
+    try:
+        return JobControl.model_validate({names.JOB_ID_FIELD: given}).job_id or name
+    except ValidationError:  # not a job id Validate would have taken: it ran as the execution
+        return name
+
+
+def resume_point(config: AwsConfig, job_id: str, workers: int) -> tuple[int, list[int]]:
+    """Where a resumed job's rounds start: after its checkpoints' last complete round, with
+    that round's workers; from the start (round 0, every worker) when it completed none, as
+    a local ``--resume`` does. A finished job is refused: there is nothing left to train."""
+    store = open_object_store(f"s3://{config.bucket}/{names.checkpoints_prefix(job_id)}")
+    done = checkpoint.latest(store)
+    if done is None:
+        return 0, list(range(workers))
+    if done["finished"]:
+        raise JobSpecError(f"resume: job {job_id} has finished (its checkpoints' last round is its last)")
+    return done["round"] + 1, list(done["workers"])
 
 
 def normalise_for_aws(spec: JobSpec, config: AwsConfig, job_id: str) -> JobSpec:

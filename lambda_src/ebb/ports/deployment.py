@@ -19,6 +19,7 @@ JOBS = "jobs/"  # per job: the normalised spec, its outputs, progress and abort 
 CHECKPOINTS = "checkpoints/"  # per job: each round's checkpoints (expired by a lifecycle rule)
 SCRATCH = "scratch/"  # per job: signal payloads sent by pointer (expired by a lifecycle rule)
 PREDICTIONS = "predictions/"  # per predict run: its shards and manifest (`ebb predict --stack`)
+TUNES = "tunes/"  # per search (`ebb tune --stack`): its state, tune.json and best/
 
 SPEC_FILE = "spec.json"
 ABORT_FILE = "abort.json"  # the abort marker: the job has failed or was stopped
@@ -45,6 +46,11 @@ def scratch_prefix(job_id: str) -> str:
     return f"{SCRATCH}{job_id}"
 
 
+def tune_prefix(tune_id: str) -> str:
+    """Where a search's state, leaderboard and best trial live (docs/AWS.md "Tuning on AWS")."""
+    return f"{TUNES}{tune_id}"
+
+
 # What each function writes, as object-key patterns (IAM wildcards; `*` spans `/`). The
 # stack grants exactly these (stacks/compute.py) and nothing else: PutObject on `put`,
 # DeleteObject on `delete`. Every function reads the whole bucket.
@@ -57,6 +63,7 @@ PUT = MappingProxyType(
         "validate": (f"{JOBS}*/{SPEC_FILE}",),
         "on_failure": (f"{JOBS}*",),  # the failed report.json, progress.json, the abort marker
         "predict": (f"{PREDICTIONS}*",),  # a predict run's shards and manifest
+        "tune": (f"{TUNES}*",),  # a search's state, tune.json and best/
     }
 )
 DELETE = MappingProxyType(
@@ -67,7 +74,7 @@ DELETE = MappingProxyType(
         "finalize": (f"{CHECKPOINTS}*",),  # a finished job's checkpoints
     }
 )
-FUNCTIONS = tuple(PUT)  # by handler module: ebb.aws.handlers.<name>.handler
+FUNCTIONS = tuple(PUT)  # by handler module: ebb.aws.handlers.<name>.handler (tune: ebb.tune.handler)
 
 # -- environment variables (set by the stack, read in ebb/aws/config.py and the stores) --
 BUCKET_ENV = "EBB_BUCKET"
@@ -129,8 +136,16 @@ def worker_filter_policy(worker: int) -> dict[str, list[str]]:
 
 
 # -- the state machine ---------------------------------------------------------------------
+# An execution's input is the job spec; these fields beside it steer the execution and are
+# not part of the spec (Validate takes them out): the job id whose spec, outputs and
+# checkpoints to use (default: the execution's name; a trial's executions share one),
+# `resume` (carry on from the checkpoints' last complete round) and `pause_after_steps`
+# (end the rounds once the job's steps reach it, with no Finalize: 0 never pauses).
+JOB_ID_FIELD, RESUME_FIELD, PAUSE_FIELD = "job_id", "resume", "pause_after_steps"
+CONTROL_FIELDS = (JOB_ID_FIELD, RESUME_FIELD, PAUSE_FIELD)
 VALIDATE, PREPARE, ROUND, FINALIZE, ON_FAILURE = "Validate", "Prepare", "Round", "Finalize", "OnFailure"
 SUPERVISOR_STATE, WORKERS_STATE, WORKER_STATE = "Supervisor", "Workers", "Worker"
+PAUSED = "Paused"  # the state that ends an execution at its pause_after_steps
 EXECUTION = "Execution"  # OnFailure's failed_state for an execution stopped by hand or timed out
 # Inline Map runs at most about 40 iterations at once, whatever MaxConcurrency says: more
 # workers than this need the Distributed Map (a child execution per worker).
@@ -150,6 +165,12 @@ PREDICT_DIMENSION = "PredictRun"
 PREDICT_METRICS = ("RowsScored", "RowsSkipped", "ShardSeconds")
 
 
+# -- the Tune state machine (`ebb tune --stack`; docs/AWS.md "Tuning on AWS") ---------------
+ASK_STATE, TRIALS_STATE, TRIAL_STATE, TELL_STATE, CONCLUDE_STATE = "Ask", "Trials", "Trial", "Tell", "Conclude"
+TUNE_DIMENSION = "TuneId"
+TUNE_METRICS = ("TrialsStarted", "TrialsFinished", "BestValidation")
+
+
 def predict_prefix(run: str) -> str:
     """Where a predict run's shards and manifest go."""
     return f"{PREDICTIONS}{run}"
@@ -162,3 +183,4 @@ EVENTS_TOPIC_OUTPUT = "EventsTopicArn"
 DASHBOARD_NAME_OUTPUT = "DashboardName"
 DASHBOARD_URL_OUTPUT = "DashboardUrl"
 PREDICT_STATE_MACHINE_OUTPUT = "PredictStateMachineArn"  # read by `ebb predict --stack`
+TUNE_STATE_MACHINE_OUTPUT = "TuneStateMachineArn"  # read by `ebb tune --stack`

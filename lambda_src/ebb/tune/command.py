@@ -31,11 +31,15 @@ examples:
   ebb tune job.yaml --budget-usd 0.05                  the job file's tune: section
   ebb tune --data data/ml --param hyper.lr=log_uniform:0.005,0.1 --param hyper.rank=choice:10,20,40
   ebb tune --resume runs/my-job                        carry on after a kill
+  ebb tune job.yaml --stack Ebb --watch                on a deployed stack: each trial's rungs are executions
 
 Every trial is an ordinary job in OUT/trials/tNNN (checkpoints, report.json, model.npz).
 Trials are compared on the validation metric at rungs of min_epochs x eta^k epochs (at one
 worker's pace); the best 1/eta go on, resuming from their checkpoints (ASHA). At the end:
 a leaderboard, OUT/tune.json, OUT/best/ (the best trial's model and report), OUT/tune.png.
+With --stack the search runs on the stack's Tune state machine: each rung's trials at once
+(nested executions of the training state machine), every trial's job under jobs/<tune>-tNNN,
+the leaderboard and the best trial under s3://<bucket>/tunes/<tune>/ (docs/AWS.md).
 """
 
 
@@ -46,7 +50,7 @@ def add_tune(sub) -> None:
 
     p = sub.add_parser(
         "tune",
-        help="search hyper-parameters: successive halving over resumable trials (locally)",
+        help="search hyper-parameters: successive halving over resumable trials (here or on a stack)",
         description="Search hyper-parameters of a job: sample settings with Optuna, train each as a job, "
         "stop the weaker ones early (successive halving, ASHA) and resume the better ones from their checkpoints.",
         epilog=EPILOG,
@@ -72,6 +76,13 @@ def add_tune(sub) -> None:
         help="the built-in space and rungs of the model (lr, l2, optimizer, rank for PMF)",
     )
     p.add_argument("--resume", metavar="OUT", help="carry on with the search in OUT (after a kill); no other arguments")
+    aws = p.add_argument_group("on a deployed stack")
+    aws.add_argument(
+        "--stack",
+        metavar="NAME",
+        help="run the search on this deployed stack's Tune state machine (a local dataset is uploaded first)",
+    )
+    aws.add_argument("--watch", action="store_true", help="with --stack: follow it, then print the leaderboard")
     p.set_defaults(func=cmd_tune)
 
 
@@ -84,6 +95,11 @@ def cmd_tune(args) -> int:
     def say(line: str) -> None:
         print(line, flush=True)
 
+    if args.stack:
+        return _tune_on_stack(args)
+    if args.watch:
+        print("ebb tune: --watch follows a search on a stack: give --stack NAME", file=sys.stderr)
+        return 2
     try:
         if args.resume:
             if args.job or args.params or args.quick:
@@ -122,3 +138,51 @@ def cmd_tune(args) -> int:
         return 0
     print("no trial finished a rung", file=sys.stderr)
     return 1
+
+
+def _tune_on_stack(args) -> int:
+    """``ebb tune --stack NAME``: the same search, run by the stack; with --watch, its leaderboard."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from ebb.deployed import Deployment, DeploymentError, configuration_problem
+    from ebb.flags import given
+    from ebb.spec import SpecError
+    from ebb.tune.runner import Base, leaderboard_text
+    from ebb.tune.space import split_job_file, tune_spec
+    from ebb.tune.stack import submit_tune, watch_tune
+
+    if args.resume:
+        print("ebb tune: --resume carries on a local search; a stack's search carries on by itself", file=sys.stderr)
+        return 2
+    try:
+        section, job_yaml = split_job_file(args.job)
+        overrides = {k: v for k, v in given(args, TUNE_JOB_FLAGS).items() if v is not None}
+        if job_yaml is None and args.job:
+            job_yaml = Path(args.job).read_text()
+        spec = Base(job_yaml, overrides, args.assignments).spec()
+        tspec = tune_spec(section, spec.model, given(args, TUNE_FLAGS), args.params, args.quick)
+        dep = Deployment.from_stack(args.stack)
+        started = submit_tune(dep, spec, tspec, progress=lambda line: print(line, file=sys.stderr))
+        print(
+            f"started tune {started['name']}: {len(tspec.space)} fields over {tspec.trials} trials, rungs at "
+            f"{tspec.rungs()} epochs\n  {started['executionArn']}\n  {started['console']}",
+            flush=True,
+        )
+        if not args.watch:
+            return 0
+        status, result = watch_tune(dep, started["executionArn"])
+    except SpecError as exc:
+        print(f"ebb tune: {exc}", file=sys.stderr)
+        return 2
+    except (DeploymentError, BotoCoreError, ClientError, OSError) as exc:
+        print(f"ebb tune: {configuration_problem(exc) or exc}", file=sys.stderr)
+        return 2
+    if result is None:
+        return 1
+    print(leaderboard_text(result, "rmse" if spec.model == "pmf" else "logloss", where="on the stack"))
+    if result["best"] is None:
+        print("no trial finished a rung", file=sys.stderr)
+        return 1
+    tune = f"s3://{dep.bucket}/tunes/{started['name']}"
+    print(f"best: trial {result['best']['trial']} -> {tune}/best/; leaderboard {tune}/tune.json")
+    return 0

@@ -27,7 +27,7 @@ from typing import Any
 from ebb.spec import JobSpec, load_spec
 from ebb.tune.scheduler import Job, Outcome, Search, Trial
 from ebb.tune.space import TuneSpec
-from ebb.tune.trial import TRIAL_SPEC, close, outcome
+from ebb.tune.trial import TRIAL_SPEC, close, last_rung_passes, outcome
 
 STATE = "tune_state.json"
 RESULT = "tune.json"
@@ -134,11 +134,7 @@ class LocalTune:
             return JobSpec.model_validate_json(path.read_text())
         base = self.base.spec()
         spec = self.base.spec(t.params, name=f"{base.name[:56]}-t{t.id:03d}", out=str(self.trial_dir(t.id)))
-        unit = unit_steps(spec)
-        manifest_parts = _num_parts(spec)
-        # The engine itself stops the trial at the last rung (then finalizes it as any job);
-        # each job of the trial ends its (last) round at its rung, where the search pauses it.
-        top_passes = self.tspec.rungs()[-1] * unit * spec.workers / manifest_parts
+        top_passes = last_rung_passes(self.tspec.rungs()[-1], unit_steps(spec), spec, _num_parts(spec))
         spec = spec.model_copy(
             update={"stop": spec.stop.model_copy(update={"max_epochs": top_passes}), "redis_urls": []}
         )
@@ -235,61 +231,71 @@ class LocalTune:
     def conclude(self, wall: float) -> dict[str, Any]:
         """Reports for the trials the search stopped between rungs, the leaderboard in tune.json,
         the best trial in OUT/best, the plot."""
-        rows = []
-        for t in self.search.leaderboard():
-            folder = self.trial_dir(t.id)
-            report_path = folder / "report.json"
+        reports = {}
+        for t in self.search.trials:
+            report_path = self.trial_dir(t.id) / "report.json"
             if not report_path.exists() and t.rung >= 0 and t.status == "paused":
                 close(self.trial_spec(t), "pruned")
-            report = json.loads(report_path.read_text()) if report_path.exists() else {}
-            rows.append(
-                {
-                    "trial": t.id,
-                    "params": t.params,
-                    "best_val": t.best if t.scores else None,
-                    "scores": {str(k): v for k, v in sorted(t.scores.items())},  # by rung
-                    "rung": t.rung,
-                    "epochs": round(t.epochs, 4),
-                    "status": report.get("status", t.status),
-                    "cost_usd": report.get("cost", {}).get("total_usd", t.cost_usd),
-                    "wall_seconds": t.wall_seconds,
-                    "test_metrics": report.get("test_metrics"),
-                    "curve": t.curve,
-                    "folder": str(folder),
-                    "error": t.error,
-                }
-            )
+            reports[t.id] = json.loads(report_path.read_text()) if report_path.exists() else {}
+        result = tune_result(self.search, wall, reports, lambda t: str(self.trial_dir(t)))
         best = self.search.best()
         if best is not None:
             dest = self.out / "best"
             dest.mkdir(exist_ok=True)
-            for name in ("report.json", "model.npz", "loss.png", TRIAL_SPEC):
+            for name in BEST_FILES:
                 src = self.trial_dir(best.id) / name
                 if src.exists():
                     shutil.copyfile(src, dest / name)
-        fleet_wall = _fleet_wall(self.search)
-        result = {
-            "best": {
-                "trial": best.id,
-                "params": best.params,
-                "best_val": best.best,
-                "folder": str(self.trial_dir(best.id)),
-            }
-            if best
-            else None,
-            "trials": rows,
-            "total_usd": round(sum(r["cost_usd"] for r in rows), 6),
-            "wall_seconds": round(wall, 3),
-            "fleet_wall_seconds": round(fleet_wall, 3),
-            "job_seconds": round(sum(t.wall_seconds for t in self.search.trials), 3),
-            "budget_usd": self.tspec.budget_usd,
-            "rungs": self.tspec.rungs(),
-            "launches": self.search.launches,
-            "tune": self.tspec.model_dump(mode="json"),
-        }
         (self.out / RESULT).write_text(json.dumps(result, indent=2))
-        _plot(rows, self.out / "tune.png", self.base.spec().model)
+        _plot(result["trials"], self.out / "tune.png", self.base.spec().model)
         return result
+
+
+# What OUT/best holds of the best trial (tunes/<id>/best/ on a stack).
+BEST_FILES = ("report.json", "model.npz", "loss.png", TRIAL_SPEC)
+
+
+def tune_result(
+    search: Search, wall: float, reports: dict[int, dict[str, Any]], folder: Callable[[int], str]
+) -> dict[str, Any]:
+    """tune.json: the leaderboard (a row per trial, best first; ``reports``: each trial's
+    report, or {} where it has none), the best trial, the totals and the launches.
+    ``folder(trial)`` says where a trial's job lives (a local folder, or its job's outputs)."""
+    rows = []
+    for t in search.leaderboard():
+        report = reports.get(t.id, {})
+        rows.append(
+            {
+                "trial": t.id,
+                "params": t.params,
+                "best_val": t.best if t.scores else None,
+                "scores": {str(k): v for k, v in sorted(t.scores.items())},  # by rung
+                "rung": t.rung,
+                "epochs": round(t.epochs, 4),
+                "status": report.get("status", t.status),
+                "cost_usd": report.get("cost", {}).get("total_usd", t.cost_usd),
+                "wall_seconds": t.wall_seconds,
+                "test_metrics": report.get("test_metrics"),
+                "curve": t.curve,
+                "folder": folder(t.id),
+                "error": t.error,
+            }
+        )
+    best = search.best()
+    return {
+        "best": {"trial": best.id, "params": best.params, "best_val": best.best, "folder": folder(best.id)}
+        if best
+        else None,
+        "trials": rows,
+        "total_usd": round(sum(r["cost_usd"] for r in rows), 6),
+        "wall_seconds": round(wall, 3),
+        "fleet_wall_seconds": round(_fleet_wall(search), 3),
+        "job_seconds": round(sum(t.wall_seconds for t in search.trials), 3),
+        "budget_usd": search.spec.budget_usd,
+        "rungs": search.rungs,
+        "launches": search.launches,
+        "tune": search.spec.model_dump(mode="json"),
+    }
 
 
 def _job_process(folder: str, to_steps: int, redis_url: str, budget_usd: float | None) -> None:
@@ -332,8 +338,9 @@ def _fmt(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def leaderboard_text(result: dict[str, Any], loss_name: str) -> str:
-    """The leaderboard as a table: trial, settings, best validation, epochs, status, $."""
+def leaderboard_text(result: dict[str, Any], loss_name: str, where: str = "here") -> str:
+    """The leaderboard as a table: trial, settings, best validation, epochs, status, $
+    (``where`` the search ran: "here", "on the stack")."""
     lines = [f"{'trial':>5}  {'val ' + loss_name:>12}  {'epochs':>6}  {'status':<13} {'$':>8}  settings"]
     for r in result["trials"]:
         val = f"{r['best_val']:.4f}" if r["best_val"] is not None else "-"
@@ -342,7 +349,7 @@ def leaderboard_text(result: dict[str, Any], loss_name: str) -> str:
             f"{_params_text(r['params'])}"
         )
     lines.append(
-        f"total ${result['total_usd']:.4f}; {len(result['trials'])} trials in {result['wall_seconds']:.1f} s here "
+        f"total ${result['total_usd']:.4f}; {len(result['trials'])} trials in {result['wall_seconds']:.1f} s {where} "
         f"({result['fleet_wall_seconds']:.1f} s on a fleet running each rung at once)"
     )
     return "\n".join(lines)

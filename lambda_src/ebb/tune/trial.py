@@ -63,15 +63,16 @@ def run_job(folder: str, to_steps: int, redis_url: str, budget_usd: float | None
     return 0
 
 
-def outcome(spec: JobSpec, unit_steps: int) -> dict[str, Any]:
-    """A trial's state from its checkpoints: epochs (one worker's pace), best validation,
-    cost and time so far, status (``paused`` between rungs, else the engine's stop reason)
-    and its validation curve."""
+def outcome(spec: JobSpec, unit_steps: int, store=None) -> dict[str, Any]:
+    """A trial's state from its checkpoints (``store``; default: where a local run keeps
+    them): epochs (one worker's pace), best validation, cost and time so far, status
+    (``paused`` between rungs, else the engine's stop reason) and its validation curve."""
     from ebb.engine import checkpoint
     from ebb.local.runner import checkpoints_location
     from ebb.stores import open_object_store
 
-    store = open_object_store(checkpoints_location(spec))
+    if store is None:
+        store = open_object_store(checkpoints_location(spec))
     done = checkpoint.latest(store)
     if done is None:
         return {"epochs": 0.0, "best_val": None, "cost_usd": 0.0, "wall_seconds": 0.0, "status": "failed", "curve": []}
@@ -90,6 +91,13 @@ def outcome(spec: JobSpec, unit_steps: int) -> dict[str, Any]:
         "status": (state.stop.reason or "finished") if done["finished"] else "paused",
         "curve": [[round((h["step"] + 1) / unit_steps, 4), h["val"]] for h in history if h.get("val") is not None],
     }
+
+
+def last_rung_passes(last_rung: int, unit_steps: int, spec: JobSpec, num_parts: int) -> float:
+    """``stop.max_epochs`` of a trial's job: its last rung (epochs at one worker's pace) in
+    passes over the data by the whole fleet. The engine itself stops the trial there (and
+    finalizes it as any job); each earlier job ends its last round at its rung."""
+    return last_rung * unit_steps * spec.workers / num_parts
 
 
 def _fold_pending_scoring(spec: JobSpec, store, done: dict[str, Any], state) -> None:

@@ -16,7 +16,7 @@ from aws_lambda_powertools import Logger
 
 from ebb.aws.config import aws_config
 from ebb.aws.contract import FailureEvent, FailureResult
-from ebb.aws.jobs import Job
+from ebb.aws.jobs import Job, job_of_execution
 from ebb.aws.notify import publish_job_event
 from ebb.engine import checkpoint
 from ebb.ports import deployment as names
@@ -40,6 +40,8 @@ def describe(failed_state: str, error: str, cause: str) -> str:
 def handler(event: dict, context) -> dict:
     req = FailureEvent.model_validate(event)
     config = aws_config()
+    if req.execution_input is not None:  # a stopped execution: its job may be named in its input
+        req.job_id = job_of_execution(req.job_id, req.execution_input)
     logger.append_keys(job_id=req.job_id)
     message = describe(req.failed_state, req.error.Error, req.error.Cause)
     report: dict = {"status": "failed", "error": message, "failed_state": req.failed_state}

@@ -1,6 +1,10 @@
 """Validate: the execution's job spec → the normalised spec in S3, or a clear error.
 
-The spec is fitted to this deployment (docs/AWS.md, "Validate"): its locations to what the
+The execution input's control fields (``JobControl``) are taken out of the spec first: a
+given ``job_id`` (a trial's executions share one, and with it the spec, outputs and
+checkpoints), ``resume`` (the rounds start after the checkpoints' last complete round,
+with no fresh start) and ``pause_after_steps`` (carried in the state to the Choice after
+each round). The spec is fitted to this deployment (docs/AWS.md, "Validate"): its locations to what the
 functions may read and write, its pricing to the deployed functions, its rounds to the
 execution's history and its fleet to the account's Lambda concurrency.
 """
@@ -14,7 +18,7 @@ from aws_lambda_powertools import Logger
 from ebb.aws.config import aws_config
 from ebb.aws.contract import ValidateEvent, ValidateResult
 from ebb.aws.deployment import Deployment, account_settings
-from ebb.aws.jobs import Job, JobSpecError, normalise_for_aws
+from ebb.aws.jobs import Job, JobSpecError, normalise_for_aws, resume_point, split_control
 from ebb.ports.deployment import spec_key
 from ebb.ports.keys import MANIFEST_KEY
 from ebb.ports.manifest import load_manifest
@@ -28,10 +32,12 @@ logger = Logger(service="ebb-validate")
 def handler(event: dict, context) -> dict:
     req = ValidateEvent.model_validate(event)
     config = aws_config()
-    logger.append_keys(job_id=req.execution)
+    fields, control = split_control(req.spec)
+    job_id = control.job_id or req.execution
+    logger.append_keys(job_id=job_id, execution=req.execution)
     deployment = Deployment.from_env(config.env)
     try:
-        spec = deployment.priced(normalise_for_aws(parse_spec(req.spec, "execution input"), config, req.execution))
+        spec = deployment.priced(normalise_for_aws(parse_spec(fields, "execution input"), config, job_id))
     except SpecError as exc:
         raise JobSpecError(str(exc)) from None
     data = open_object_store(spec.data)
@@ -40,13 +46,19 @@ def handler(event: dict, context) -> dict:
         spec, train_parts=manifest and len(manifest.train.parts), has_val=bool(manifest and manifest.val.parts)
     )
     deployment.check_concurrency(spec.workers, account_settings(), os.environ.get("AWS_REGION", "this region"))
-    key = spec_key(req.execution)
+    round_, workers = resume_point(config, job_id, spec.workers) if control.resume else (0, list(range(spec.workers)))
+    key = spec_key(job_id)
     Job.bucket_store(config).put(key, spec.model_dump_json(indent=2).encode())
-    prepare = spec.prepare is not None and manifest is None
+    prepare = spec.prepare is not None and manifest is None and round_ == 0
     logger.info(
         "job validated",
-        extra={"spec_key": key, "workers": spec.workers, "prepare": prepare, "aws": spec.aws.model_dump()},
+        extra={"spec_key": key, "workers": workers, "round": round_, "prepare": prepare, "aws": spec.aws.model_dump()},
     )
     return ValidateResult(
-        job_id=req.execution, spec_key=key, prepare=prepare, workers=list(range(spec.workers))
+        job_id=job_id,
+        spec_key=key,
+        prepare=prepare,
+        round=round_,
+        workers=workers,
+        pause_after_steps=control.pause_after_steps,
     ).model_dump()

@@ -1,0 +1,153 @@
+"""Tune: the state machine `ebb tune --stack` runs (docs/AWS.md "Tuning on AWS").
+
+    Ask -> Done? -- no --> Trials = Map over $.ask.jobs: Trial (a nested execution of the
+     ^                       training state machine, startExecution.sync:2) -> Tell -+
+     +----------------------------------------------------------------------------------+
+            -- yes --> Conclude -> Succeed
+    Ask, Tell or Conclude fails -> TuneFailed; a trial's execution that fails is recorded
+    (its Catch) and told to the search as a failed trial.
+
+Every step but the Map is the tune function (`ebb.tune.handler`, an `action` each). Ask
+answers with the executions to start (new trials to their first rung, promotions to the
+next) and how many may run at once (MaxConcurrencyPath): the account's unreserved Lambda
+concurrency over each trial's workers and supervisor. Tell folds each finished execution
+into the search; Conclude writes the leaderboard and the best trial under tunes/<id>/.
+
+The machine has a role of its own: it may invoke the tune function, start executions of
+the training state machine (and describe and stop them, and manage the EventBridge rule
+Step Functions uses to hear a nested execution end: CDK's grant for `.sync`), nothing else.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Acknowledgment, RemovalPolicy, Stack, Validations
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_stepfunctions as sfn
+from aws_cdk import aws_stepfunctions_tasks as tasks
+from constructs import Construct
+
+from ebb.ports import deployment as names
+from stacks.workflow import _nag, lambda_task
+
+_TUNE_ID = {"tune_id.$": "$$.Execution.Name"}
+
+
+class TuneWorkflow(Construct):
+    """`state_machine` after construction."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        function: lambda_.IFunction,
+        training: sfn.StateMachine,
+        log_retention: logs.RetentionDays,
+        removal_policy: RemovalPolicy,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        fail = sfn.Fail(self, "TuneFailed", error_path="$.error.Error", cause_path="$.error.Cause")
+
+        def invoke(name: str, payload: dict, **kwargs) -> tasks.LambdaInvoke:
+            task = lambda_task(self, name, function, sfn.TaskInput.from_object(payload), **kwargs)
+            task.add_catch(fail, errors=["States.ALL"], result_path="$.error")
+            return task
+
+        ask = invoke(
+            names.ASK_STATE,
+            {"action": "ask", **_TUNE_ID, "search.$": "$.search"},
+            result_selector={f"{k}.$": f"$.Payload.{k}" for k in ("done", "jobs", "max_concurrency")},
+            result_path="$.ask",
+        )
+        trial = tasks.StepFunctionsStartExecution(
+            self,
+            names.TRIAL_STATE,
+            state_machine=training,
+            integration_pattern=sfn.IntegrationPattern.RUN_JOB,
+            input=sfn.TaskInput.from_json_path_at("$.input"),
+            name=sfn.JsonPath.string_at("$.name"),
+            result_path=sfn.JsonPath.DISCARD,
+        )
+        ended = {"trial.$": "$.trial", "rung.$": "$.rung"}
+        trained = sfn.Pass(self, "Trained", parameters={**ended, "ok": True})
+        # A trial whose execution failed is the search's to record, not the tune's end.
+        failed = sfn.Pass(self, "TrialFailed", parameters={**ended, "ok": False, "error.$": "$.error"})
+        trial.add_catch(failed, errors=["States.ALL"], result_path="$.error")
+        trial.next(trained)
+        self.map_state = sfn.Map(
+            self,
+            names.TRIALS_STATE,
+            items_path="$.ask.jobs",
+            max_concurrency_path="$.ask.max_concurrency",
+            result_path="$.results",
+        )
+        self.map_state.item_processor(trial)
+        self.map_state.add_catch(fail, errors=["States.ALL"], result_path="$.error")
+        tell = invoke(
+            names.TELL_STATE,
+            {"action": "tell", **_TUNE_ID, "results.$": "$.results"},
+            result_path=sfn.JsonPath.DISCARD,
+        )
+        conclude = invoke(
+            names.CONCLUDE_STATE,
+            {"action": "conclude", **_TUNE_ID},
+            result_selector={f"{k}.$": f"$.Payload.{k}" for k in ("tune_key", "best_trial", "best_val")},
+            result_path="$.result",
+        )
+        conclude.next(sfn.Succeed(self, "Tuned"))
+        done = (
+            sfn.Choice(self, "Done?")
+            .when(sfn.Condition.boolean_equals("$.ask.done", True), conclude)
+            .otherwise(self.map_state)
+        )
+        self.map_state.next(tell)
+        tell.next(ask)
+        # The input is {"search": {...}}: the search and its base job as `ebb tune --stack` sent them.
+        definition = ask.next(done)
+
+        stack = Stack.of(self)
+        log_group = logs.LogGroup(
+            self,
+            "ExecutionLogs",
+            log_group_name=f"/aws/vendedlogs/states/{stack.stack_name}-tune",
+            retention=log_retention,
+            removal_policy=removal_policy,
+        )
+        self.state_machine = sfn.StateMachine(
+            self,
+            "StateMachine",
+            definition_body=sfn.DefinitionBody.from_chainable(definition),
+            state_machine_type=sfn.StateMachineType.STANDARD,
+            tracing_enabled=True,
+            logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=True),
+            comment="Ebb: search hyper-parameters, each trial's rungs nested executions of the training machine",
+        )
+        Validations.of(self.state_machine).acknowledge(
+            Acknowledgment(
+                id=f"AwsSolutions-IAM5[Resource::<{stack.get_logical_id(function.node.default_child)}.Arn>:*]",
+                reason="CDK's invoke grant covers the tune function's versions and aliases (ARN:qualifier).",
+            )
+        )
+        Validations.of(self.state_machine).acknowledge(
+            Acknowledgment(
+                id="AwsSolutions-IAM5[Resource::*]",
+                reason="X-Ray's PutTraceSegments/PutTelemetryRecords and CloudWatch Logs' vended log delivery actions "
+                "accept no resource scope.",
+            )
+        )
+        # CDK's grant for startExecution.sync: describe and stop the training machine's executions
+        # (whose ARNs exist only at run time), spelt by cdk-nag with the machine's name.
+        machine = stack.get_logical_id(training.node.default_child)
+        name = '{"Fn::Select":[6,{"Fn::Split":[":",{"Ref":"' + machine + '"}]}]}'
+        executions = (
+            f"arn:{_nag(stack.partition, 'AWS::Partition')}:states:{_nag(stack.region, 'AWS::Region')}:"
+            f"{_nag(stack.account, 'AWS::AccountId')}:execution:{name}*"
+        )
+        Validations.of(self.state_machine).acknowledge(
+            Acknowledgment(
+                id=f"AwsSolutions-IAM5[Resource::{executions}]",
+                reason="startExecution.sync: the tune machine describes and stops the training machine's executions "
+                "it started, whose ARNs exist only at run time.",
+            )
+        )
