@@ -135,12 +135,23 @@ def test_pareto_front_and_recommendation():
 PRICES = {"worker_usd_s": 2.88e-5, "fixed_usd_s": 3.5e-5}
 
 
-def knee_run(tuner: ScaleInTuner, *, workers: int = 8, step_s=lambda p: 0.1, steps: int = 1500):
-    """A loss with a knee, as the tuner's tests drive it; returns the fleet sizes taken."""
-    p, elapsed, sizes = workers, 0.0, []
+def knee_run(
+    tuner: ScaleInTuner,
+    *,
+    workers: int = 8,
+    step_s=lambda p: 0.1,
+    peer_s=None,
+    progress=lambda p: 1.0,
+    steps: int = 1500,
+):
+    """A loss with a knee, as the tuner's tests drive it; returns the fleet sizes taken.
+    ``peer_s(p)``: the part of a step spent on the peers' updates, as the supervisor
+    reports it; ``progress(p)``: how far a step of ``p`` workers moves along the curve."""
+    p, elapsed, sizes, done = workers, 0.0, [], 0.0
     for step in range(steps):
         elapsed += step_s(p)
-        tuner.observe(step, elapsed, 1 / (0.02 * step + 1) + 0.5, p)
+        done += progress(p)
+        tuner.observe(step, elapsed, 1 / (0.02 * done + 1) + 0.5, p, peer_s=None if peer_s is None else peer_s(p))
         if tuner.decide(elapsed, p) is not None:
             p -= 1
         sizes.append(p)
@@ -166,21 +177,57 @@ def test_the_guard_refuses_an_eviction_the_model_says_cannot_pay():
 
 
 def test_the_guard_takes_evictions_that_pay_and_reports_their_realised_effect():
-    # Under the mean (γ = 0) with a step that grows with the peers, fewer workers are both
-    # sooner and cheaper: the guard lets the tuner go on, and each eviction's record gets
-    # the step time measured afterwards beside the one predicted.
+    # Under the mean with a step mostly spent on the peers' updates, fewer workers are both
+    # sooner and cheaper even at the knee's noise-dominated start (a worker fewer needs
+    # 8/7 the steps): 8/7 × 0.16/0.18 ≈ 1.02 the time for 0.89× the price a second. The
+    # guard lets the tuner go on, and each eviction's record gets the step time measured
+    # afterwards beside the one predicted.
     guarded = ScaleInTuner(min_workers=4, throughput_tolerance=1.0, progress_exponent=0.0, **PRICES)
-    sizes = knee_run(guarded, step_s=lambda p: 0.05 + 0.01 * p)
+    sizes = knee_run(guarded, step_s=lambda p: 0.02 + 0.02 * p, peer_s=lambda p: 0.02 * (p - 1))
     assert min(sizes) < 8
     taken = [d for d in guarded.decisions if d["evict"]]
+    assert taken[0]["at_knee"] and taken[0]["predicted_step_s"] == pytest.approx(0.16, rel=1e-6)
+    assert taken[0]["progress_steps"] == pytest.approx(8 / 7, abs=1e-4) and taken[0]["noise"] == "inf"
     assert taken and all(d["predicted_gain"] > 1 + guarded.cost_margin for d in taken)
     realised = [d for d in taken if "realised_gain" in d]
     assert realised
     for d in realised:
-        assert d["realised_step_s"] == pytest.approx(0.05 + 0.01 * (d["workers"] - 1), rel=1e-6)
+        assert d["realised_step_s"] == pytest.approx(0.02 + 0.02 * (d["workers"] - 1), rel=1e-6)
         assert math.isfinite(d["realised_gain"]) and d["realised_gain"] > 1
-    # The guard's settings survive a checkpoint.
-    assert ScaleInTuner.from_state_dict(guarded.state_dict()).config() == guarded.config()
+    # Here a step's progress does not depend on the fleet (signal-dominated): measured
+    # online, the noise ratio comes out near 0, and fewer workers need about as many steps.
+    assert guarded.measured_noise is not None and guarded.measured_noise < 0.2
+    assert taken[-1]["progress_steps"] < 1.05
+    # The guard's settings and what it measured survive a checkpoint.
+    restored = ScaleInTuner.from_state_dict(guarded.state_dict())
+    assert restored.config() == guarded.config()
+    assert restored.measured_noise == guarded.measured_noise and restored.peer_time == guarded.peer_time
+
+
+def test_the_guard_refuses_an_eviction_at_a_noise_dominated_job_where_fewer_workers_lose_progress():
+    # Issue 27's ML-10M run, planted: the workers' proposals are averaged, but past the knee
+    # they are noise-dominated, so a step of p workers moves the loss p/8 as far as the 8
+    # workers' (steps to target ∝ 1 + B_noise/B, B_noise ≫ B). The step is CPU-bound (the
+    # peers' part 5 %): a worker fewer is 6 % faster a step but needs 8/7 the steps. The
+    # old guard (φ = 0: a step's progress independent of P) took the eviction at 1.11×; the
+    # noise-dominated start refuses it.
+    step_s, peer_s = (lambda p: 0.1 + 0.0007 * p), (lambda p: 0.0007 * (p - 1))
+    noisy = {"progress": lambda p: p / 8, "step_s": step_s, "peer_s": peer_s}
+    guarded = ScaleInTuner(min_workers=2, throughput_tolerance=1.0, **PRICES)
+    assert set(knee_run(guarded, **noisy)) == {8}
+    refusal = guarded.decisions[0]
+    assert refusal["at_knee"] and not refusal["evict"] and refusal["predicted_gain"] < 1
+    assert refusal["progress_steps"] == pytest.approx(8 / 7, abs=1e-4)
+    old = ScaleInTuner(min_workers=2, throughput_tolerance=1.0, noise_ratio=0.0, **PRICES)
+    assert min(knee_run(old, **noisy)) < 8 and old.decisions[0]["predicted_gain"] > 1.02
+    # The same job where the step falls enough with the fleet (mostly the peers' updates):
+    # the knee's eviction pays despite the 8/7 steps, and once 7 workers have run the guard
+    # measures the noise ratio: the loss they shed per step is 7/8 of the reference's, so
+    # φ is large (a step's progress is proportional to the fleet) and stays priced in.
+    fast = ScaleInTuner(min_workers=6, throughput_tolerance=1.0, **PRICES)
+    sizes = knee_run(fast, progress=lambda p: p / 8, step_s=lambda p: 0.02 + 0.02 * p, peer_s=lambda p: 0.02 * (p - 1))
+    assert min(sizes) < 8 and fast.decisions[0]["evict"]
+    assert fast.measured_noise is not None and fast.measured_noise > 2
 
 
 # ------------------------------------------------------------ ebb train's one-line note

@@ -44,16 +44,38 @@ about as long again to go), at least one interval. The planner's model predicts 
 remaining job's Perf/$ with one worker fewer::
 
     T = R·d_p                 C = T·(p·w + f)
-    T' = R·(p/(p−1))^γ·d_{p−1} + settle·d_{p−1}      C' = T'·((p−1)·w + f)
+    T' = R·m_p·d_{p−1} + settle·d_{p−1}      C' = T'·((p−1)·w + f)
     gain = (T·C) / (T'·C')
 
-γ is the engine's epoch-per-P rule (``ebb.engine.cadence``): 0 under ``sync.combine``
-mean (a step is one worker's step of progress, whatever P), 1 under sum (a step is P
-workers' steps, so fewer workers need proportionally more steps); ``settle`` the steps
-the fleet needs to re-settle (the eviction lands a step later and the replicas
-re-stripe). The eviction is taken only when ``gain > 1 + cost_margin``; each decision
-records the predicted step time and gain, and the next decision at the smaller fleet the
-realised ones (the same formula on the measured step time).
+``m_p`` is how many steps p − 1 workers need for one step of p workers' progress. The
+workers' proposals of a step are combined into one update over a batch B ∝ p; McCandlish
+et al. (2018, "An Empirical Model of Large-Batch Training") find the steps to a target
+scale as 1 + B_noise/B, so with φ = B_noise/B at the current fleet::
+
+    m_p = (1 + φ·p/(p−1)) / (1 + φ)
+
+φ → 0 (signal-dominated: a step's progress is independent of P, the epoch-per-P rule of
+``ebb.engine.cadence`` under ``sync.combine`` mean) gives m = 1; φ → ∞ (noise-dominated:
+a step's progress is proportional to its batch, as under sum) gives m = p/(p−1). Under sum
+m = p/(p−1) always (``progress_exponent`` 1). Under mean the knee is, by construction,
+where the progress per step has collapsed to a tenth of its steepest, i.e. where the
+updates are noise-dominated, so the guard starts from φ = ∞ (``noise_ratio`` None) and
+measures φ online once the fleet has run at a smaller size: over the window since the
+last eviction, the loss the current p workers shed per step over the one the reference
+curve of the P workers sheds over the same steps is ρ = (1 + φ_P)/(1 + φ_P·P/p), solved
+for φ_P (φ_p = φ_P·P/p); ρ ≤ p/P reads as φ = ∞, ρ ≥ 1 as φ = 0.
+
+``d_{p−1}`` is the measured step time less the step-time slope in p: a straight line through
+the sizes measured so far, or, while only one size is measured (at the knee), the part of
+the step the workers spend reading and applying their peers' updates over the peers p − 1
+(``peer_s``, from the supervisor: it grows with the peers, the rest of the step does not);
+kept between "no faster" and "faster in proportion". Should the step times realised after
+earlier evictions exceed their predictions, later predictions are scaled up by the mean
+excess (``step_bias``). ``settle`` is the steps the fleet needs to re-settle (the eviction
+lands a step later and the replicas re-stripe). The eviction is taken only when
+``gain > 1 + cost_margin``; each decision records the predicted step time, m and gain, and
+the next decision at the smaller fleet the realised ones (the same formula on the measured
+step time).
 """
 
 from __future__ import annotations
@@ -136,6 +158,7 @@ class ScaleInTuner:
         worker_usd_s: float = 0.0,
         fixed_usd_s: float = 0.0,
         progress_exponent: float = 0.0,
+        noise_ratio: float | None = None,
         cost_margin: float = DEFAULT_COST_MARGIN,
         settle_steps: float = DEFAULT_SETTLE_STEPS,
     ):
@@ -157,6 +180,9 @@ class ScaleInTuner:
             raise ValueError(f"throughput_tolerance must be in [0, 1], got {throughput_tolerance}")
         if worker_usd_s < 0 or fixed_usd_s < 0 or not 0.0 <= progress_exponent <= 1.0 or settle_steps < 0:
             raise ValueError("cost guard: prices and settle_steps must be >= 0 and progress_exponent in [0, 1]")
+        if noise_ratio is not None and not noise_ratio >= 0:
+            raise ValueError(f"noise_ratio must be >= 0 or None (noise-dominated), got {noise_ratio}")
+        self.noise_ratio = None if noise_ratio is None else float(noise_ratio)
         self.worker_usd_s, self.fixed_usd_s = float(worker_usd_s), float(fixed_usd_s)
         self.progress_exponent, self.cost_margin = float(progress_exponent), float(cost_margin)
         self.settle_steps = float(settle_steps)
@@ -189,16 +215,25 @@ class ScaleInTuner:
         # and the last observation (step, elapsed, workers) they are measured from.
         self.step_time: dict[int, list[float]] = {}
         self._last: tuple[int, float, int] | None = None
+        # Seconds per step spent on the peers' updates, per fleet size ({p: [seconds, steps]}),
+        # and φ_P, the noise ratio at the full fleet measured since (None: not yet).
+        self.peer_time: dict[int, list[float]] = {}
+        self.measured_noise: float | None = None
 
     # -- feeding -----------------------------------------------------------------------
 
-    def observe(self, step: int, elapsed_s: float, loss: float, workers: int) -> None:
-        """Record the global training loss of a completed step.
+    def observe(self, step: int, elapsed_s: float, loss: float, workers: int, peer_s: float | None = None) -> None:
+        """Record the global training loss of a completed step (and ``peer_s``, the part of
+        its time the workers spent reading and applying their peers' updates, if known).
 
         Non-finite losses are ignored (a diverging run is the stop criteria's business,
         and one NaN would poison every fit).
         """
         self._tally_step_time(int(step), float(elapsed_s), int(workers))
+        if peer_s is not None and math.isfinite(peer_s) and peer_s >= 0:
+            tally = self.peer_time.setdefault(int(workers), [0.0, 0])
+            tally[0] += float(peer_s)
+            tally[1] += 1
         loss = float(loss)
         if not math.isfinite(loss):
             return
@@ -283,6 +318,7 @@ class ScaleInTuner:
         throughput = self.throughput_after_eviction(workers)
         keeps_pace = throughput is None or throughput >= 1.0 - self.throughput_tolerance
         self._settle_realised(workers)
+        self._measure_noise(steps, local, workers)
         guard = self.cost_guard(workers, elapsed_s)
         pays = guard is None or guard["pays"]
         evict = s_delta is not None and s_delta < self.tolerance and keeps_pace and pays
@@ -353,8 +389,9 @@ class ScaleInTuner:
         }
 
     def _step_after(self, workers: int, measured: dict[int, float]) -> float | None:
-        """The step duration predicted at ``workers - 1`` from the sizes measured so far
-        (as ``throughput_after_eviction``: between "no faster" and "faster in proportion")."""
+        """The step duration predicted at ``workers - 1`` (the module docstring: the slope
+        through the sizes measured so far, else the peers' part over the peers; between
+        "no faster" and "faster in proportion"), times ``step_bias``."""
         now = measured.get(workers)
         if now is None:
             now = self.reference_step_s if workers == self.reference_workers else None
@@ -364,7 +401,55 @@ class ScaleInTuner:
         if len(measured) >= 2:
             sizes = np.array(sorted(measured), dtype=float)
             slope = float(np.polyfit(sizes, [measured[int(p)] for p in sizes], 1)[0])
-        return min(now, max(now - slope, now * (workers - 1) / workers))
+        elif (peer := self.peer_time.get(workers)) is not None and peer[1] >= MIN_TIMED_STEPS:
+            slope = peer[0] / peer[1] / (workers - 1)
+        return min(now, max(now - slope, now * (workers - 1) / workers)) * self.step_bias()
+
+    def step_bias(self) -> float:
+        """How much the step times realised after earlier evictions exceeded their
+        predictions, on average (1 when they did not: predictions are never made faster)."""
+        ratios = [
+            d["realised_step_s"] / d["predicted_step_s"]
+            for d in self.decisions
+            if d.get("realised_step_s") and d.get("predicted_step_s")
+        ]
+        return max(1.0, float(np.mean(ratios))) if ratios else 1.0
+
+    def noise(self, workers: int) -> float:
+        """φ = B_noise/B at ``workers`` (math.inf: noise-dominated; the module docstring)."""
+        full = self.measured_noise if self.measured_noise is not None else self.noise_ratio
+        if full is None or not math.isfinite(full):
+            return math.inf
+        return full * (self.reference_workers or workers) / workers
+
+    def progress_steps(self, workers: int) -> float:
+        """m_p: steps ``workers - 1`` need for one step of ``workers``' progress."""
+        p = workers
+        if self.progress_exponent > 0:  # sum: a step is its workers' steps
+            return (p / (p - 1)) ** self.progress_exponent
+        phi = self.noise(p)
+        if not math.isfinite(phi):
+            return p / (p - 1)
+        return (1.0 + phi * p / (p - 1)) / (1.0 + phi)
+
+    def _measure_noise(self, steps: list[int], local: LocalCurve, workers: int) -> None:
+        """φ_P from the loss the current fleet shed per step over the window against the
+        reference curve's over the same steps (the module docstring)."""
+        P = self.reference_workers
+        if self.reference is None or P is None or workers >= P or len(steps) < 2:
+            return
+        t0, t1 = steps[0], steps[-1]
+        ours, full = local(t0) - local(t1), self.reference(t0) - self.reference(t1)
+        if not (math.isfinite(ours) and math.isfinite(full)) or full <= 0:
+            return
+        rho = ours / full
+        ratio = workers / P
+        if rho <= ratio:
+            self.measured_noise = math.inf
+        elif rho >= 1.0:
+            self.measured_noise = 0.0
+        else:
+            self.measured_noise = (1.0 - rho) / (rho / ratio - 1.0)
 
     def predicted_gain(self, workers: int, step_now: float, step_after: float, remaining_s: float) -> float:
         """The remaining work's Perf/$ with ``workers - 1`` over that with ``workers``
@@ -372,7 +457,7 @@ class ScaleInTuner:
         p, w, f = workers, self.worker_usd_s, self.fixed_usd_s
         work = max(1.0, max(self.interval_s, remaining_s) / step_now)  # R
         t_now = work * step_now
-        t_after = work * (p / (p - 1)) ** self.progress_exponent * step_after + self.settle_steps * step_after
+        t_after = work * self.progress_steps(p) * step_after + self.settle_steps * step_after
         return (t_now * t_now * (p * w + f)) / (t_after * t_after * ((p - 1) * w + f))
 
     def _knee_decision(self, workers: int, elapsed_s: float, guard: dict, *, evict: bool) -> None:
@@ -403,6 +488,8 @@ class ScaleInTuner:
         return {
             "pays": gain > 1.0 + self.cost_margin,
             "predicted_gain": gain,
+            "progress_steps": self.progress_steps(workers),
+            "noise": self.noise(workers) if self.progress_exponent == 0 else math.inf,
             "step_s": now,
             "predicted_step_s": after,
             "remaining_s": max(self.interval_s, float(elapsed_s)),
@@ -457,6 +544,7 @@ class ScaleInTuner:
             "worker_usd_s": self.worker_usd_s,
             "fixed_usd_s": self.fixed_usd_s,
             "progress_exponent": self.progress_exponent,
+            "noise_ratio": self.noise_ratio,
             "cost_margin": self.cost_margin,
             "settle_steps": self.settle_steps,
         }
@@ -480,6 +568,8 @@ class ScaleInTuner:
             "decisions": [dict(record) for record in self.decisions],
             "step_time": {str(p): list(tally) for p, tally in self.step_time.items()},
             "last": None if self._last is None else list(self._last),
+            "peer_time": {str(p): list(tally) for p, tally in self.peer_time.items()},
+            "measured_noise": _json_float(self.measured_noise),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -501,6 +591,9 @@ class ScaleInTuner:
         self.step_time = {int(p): [float(t[0]), int(t[1])] for p, t in state.get("step_time", {}).items()}
         last = state.get("last")
         self._last = None if last is None else (int(last[0]), float(last[1]), int(last[2]))
+        self.peer_time = {int(p): [float(t[0]), int(t[1])] for p, t in state.get("peer_time", {}).items()}
+        noise = state.get("measured_noise")
+        self.measured_noise = None if noise is None else float(noise)
 
     @classmethod
     def from_state_dict(cls, state: dict) -> ScaleInTuner:
@@ -515,8 +608,15 @@ def _guard_fields(guard: dict) -> dict:
         "step_s": round(guard["step_s"], 6),
         "predicted_step_s": round(guard["predicted_step_s"], 6),
         "predicted_gain": round(guard["predicted_gain"], 4),
+        "progress_steps": round(guard["progress_steps"], 4),
+        "noise": _json_float(guard["noise"] if math.isinf(guard["noise"]) else round(guard["noise"], 4)),
         "remaining_s": round(guard["remaining_s"], 3),
     }
+
+
+def _json_float(value: float | None) -> float | str | None:
+    """A float for JSON: infinity as the string "inf" (``float("inf")`` reads it back)."""
+    return "inf" if value is not None and math.isinf(value) else value
 
 
 def _mean_step_duration(steps: list[int], elapsed: list[float]) -> float:

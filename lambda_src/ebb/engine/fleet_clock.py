@@ -46,7 +46,7 @@ cleared(s - 1)``, the cold start included (Lambda bills a function's init).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ebb.spec import ClockSpec
@@ -125,6 +125,23 @@ def barrier_step_seconds(steps: Iterable[WorkerStep], links: Links) -> float:
     steps = list(steps)
     totals = _node_totals(steps)
     return links.barrier_ms / 1e3 + max((worker_seconds(w, links, totals) for w in steps), default=0.0)
+
+
+def peer_seconds(steps: Mapping[int, WorkerStep], peer_cpu: Mapping[int, tuple[float, float]], links: Links) -> float:
+    """The part of a barrier step's fleet time spent on the peers' updates: reading them
+    (their bytes, and ``peer_cpu[w][0]``, the CPU of worker ``w``'s reads, inside the
+    update store's calls) and applying them (``peer_cpu[w][1]``). The step composed again
+    without it is what the step would take with no peers; what a worker reads and applies
+    grows with the peers ``P − 1``, so this over ``P − 1`` is the step time one worker
+    fewer saves (the auto-tuner's cost guard uses it at the knee, where only one fleet size
+    has been timed)."""
+    full = barrier_step_seconds(steps.values(), links)
+    alone = []
+    for w, m in steps.items():
+        read_cpu, apply_cpu = peer_cpu.get(w, (0.0, 0.0))
+        cpu = max(0.0, m.cpu_s - read_cpu - apply_cpu)
+        alone.append(replace(m, cpu_s=cpu, io_cpu_s=min(cpu, max(0.0, m.io_cpu_s - read_cpu)), read_bytes=0))
+    return max(0.0, full - barrier_step_seconds(alone, links))
 
 
 class FleetTimeline:

@@ -45,8 +45,9 @@ def policy_for(spec: JobSpec) -> ScalingPolicy:
 
 def cost_guard_params(spec: JobSpec) -> dict[str, float]:
     """The auto-tuner's cost guard for ``spec``: $ per worker-second, $ per second of what
-    bills whatever the fleet (supervisor, cache nodes), and the epoch-per-P rule's exponent
-    (``ebb.autotune.tuner``, "Cost guard")."""
+    bills whatever the fleet (supervisor, cache nodes), and the progress model: under sum a
+    smaller fleet needs p/(p−1) the steps (exponent 1); under mean the tuner measures it,
+    from a noise-dominated start (``ebb.autotune.tuner``, "Cost guard")."""
     from ebb.cost.model import load_prices
 
     prices, aws = load_prices(), spec.aws
