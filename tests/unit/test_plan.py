@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from ebb.autotune.tuner import ScaleInTuner
-from ebb.engine.fleet_clock import Links, WorkerStep, worker_seconds
+from ebb.engine.fleet_clock import Links, WorkerStep, barrier_step_seconds, peer_seconds, worker_seconds
 from ebb.plan.fit import Line, SizeSample, StepModel, epoch_steps, fit_progress, fit_step_model, miss_share, sample_of
-from ebb.plan.planner import pareto_front, recommend
+from ebb.plan.planner import pareto_front, predict, recommend, tuner_ceiling
 
 LINKS = Links(link_mb_s=75.0, rtt_ms=0.4, node_mb_s=625.0, cold_start_s=3.0, barrier_ms=0.5)
 
@@ -128,6 +128,37 @@ def test_pareto_front_and_recommendation():
     assert recommend(rows, max_seconds=6.5)[0] == 1  # the cheapest within the time
     assert recommend(rows, max_usd=0.005)[0] == 1  # the fastest within the budget
     assert recommend(rows, max_seconds=1.0)[0] is None
+
+
+def test_the_tuners_ceiling_is_the_best_smaller_fleet_doing_the_same_minibatches():
+    from ebb.spec import load_spec
+
+    spec = load_spec(overrides={"data": "d", "model": "pmf", "workers": 16, "scaling.min_workers": 2})
+    row = predict(spec, PLANTED, 16, 1769, num_parts=1600, epochs=4.0)
+    ceiling = tuner_ceiling(spec, PLANTED, row, num_parts=1600, cache_share=1.0)
+    others = {p: predict(spec, PLANTED, p, 1769, num_parts=1600, epochs=4.0)["perf_per_dollar"] for p in range(2, 17)}
+    best = max(others, key=others.get)
+    assert ceiling["tuner_workers"] == best < 16  # the planted step grows with the peers
+    assert ceiling["tuner_gain"] == pytest.approx(others[best] / row["perf_per_dollar"]) and ceiling["tuner_gain"] > 1
+    # At the fleet with the best Perf/$ there is nothing to gain.
+    at_best = tuner_ceiling(
+        spec, PLANTED, predict(spec, PLANTED, best, 1769, num_parts=1600, epochs=4.0), num_parts=1600, cache_share=1.0
+    )
+    assert at_best["tuner_gain"] == pytest.approx(1.0) and at_best["tuner_workers"] == best
+
+
+def test_peer_seconds_is_the_steps_part_spent_on_the_peers_updates():
+    steps = {
+        w: WorkerStep(cpu_s=0.03, sent_bytes=50_000, read_bytes=7 * 60_000, requests=3, io_cpu_s=0.004)
+        for w in range(8)
+    }
+    # Each worker spent 2 ms of CPU reading (inside the store's calls) and 8 ms applying.
+    part = peer_seconds(steps, {w: (0.002, 0.008) for w in range(8)}, LINKS)
+    alone = {w: WorkerStep(cpu_s=0.02, sent_bytes=50_000, read_bytes=0, requests=3, io_cpu_s=0.002) for w in range(8)}
+    assert part == pytest.approx(
+        barrier_step_seconds(steps.values(), LINKS) - barrier_step_seconds(alone.values(), LINKS)
+    )
+    assert 0.008 < part < barrier_step_seconds(steps.values(), LINKS)
 
 
 # ------------------------------------------------------------------- the cost guard
