@@ -61,9 +61,12 @@ m = p/(p−1) always (``progress_exponent`` 1). Under mean the knee is, by const
 where the progress per step has collapsed to a tenth of its steepest, i.e. where the
 updates are noise-dominated, so the guard starts from φ = ∞ (``noise_ratio`` None) and
 measures φ online once the fleet has run at a smaller size: over the window since the
-last eviction, the loss the current p workers shed per step over the one the reference
-curve of the P workers sheds over the same steps is ρ = (1 + φ_P)/(1 + φ_P·P/p), solved
-for φ_P (φ_p = φ_P·P/p); ρ ≤ p/P reads as φ = ∞, ρ ≥ 1 as φ = 0.
+last eviction, p workers took n steps to shed the loss from ℓ_p(t0) to ℓ_p(t1); the
+reference curve of the P workers takes n_P steps between the same two losses (compared at
+the same loss, not the same step: the smaller fleet is behind, where the curve is
+steeper), and n_P/n = (1 + φ_P)/(1 + φ_P·P/p) with φ_p = φ_P·P/p. Pooled over the sizes
+run so far (one window each), φ_P is the value of a grid from 0 to ∞ that fits them best
+(least squares): one window alone is noisy.
 
 ``d_{p−1}`` is the measured step time less the step-time slope in p: a straight line through
 the sizes measured so far, or, while only one size is measured (at the knee), the part of
@@ -115,6 +118,9 @@ MIN_TIMED_STEPS = 3
 # more than this share, and the fleet is taken to lose this many steps re-settling.
 DEFAULT_COST_MARGIN = 0.02
 DEFAULT_SETTLE_STEPS = 2.0
+
+# The noise ratios φ_P the online measurement chooses from (0: signal-, ∞: noise-dominated).
+NOISE_GRID = (0.0, *np.logspace(-2, 3, 26).tolist(), math.inf)
 
 # Fits use at most this many evenly spaced smoothed points: the smoothed curve carries
 # no more information at a finer spacing, and the solver's cost grows with the count.
@@ -219,6 +225,8 @@ class ScaleInTuner:
         # and φ_P, the noise ratio at the full fleet measured since (None: not yet).
         self.peer_time: dict[int, list[float]] = {}
         self.measured_noise: float | None = None
+        # {p: [the reference's steps to shed what p workers shed, the steps they took]}
+        self.shed: dict[int, list[float]] = {}
 
     # -- feeding -----------------------------------------------------------------------
 
@@ -433,23 +441,41 @@ class ScaleInTuner:
         return (1.0 + phi * p / (p - 1)) / (1.0 + phi)
 
     def _measure_noise(self, steps: list[int], local: LocalCurve, workers: int) -> None:
-        """φ_P from the loss the current fleet shed per step over the window against the
-        reference curve's over the same steps (the module docstring)."""
+        """φ_P from the steps the reference curve takes to shed what the current fleet shed
+        over its window, pooled over the sizes run so far (the module docstring)."""
         P = self.reference_workers
-        if self.reference is None or P is None or workers >= P or len(steps) < 2:
+        if self.reference is None or P is None or workers >= P or len(steps) < 2 or steps[-1] <= steps[0]:
             return
-        t0, t1 = steps[0], steps[-1]
-        ours, full = local(t0) - local(t1), self.reference(t0) - self.reference(t1)
-        if not (math.isfinite(ours) and math.isfinite(full)) or full <= 0:
+        start, end = self._reference_step_at(local(steps[0])), self._reference_step_at(local(steps[-1]))
+        if start is None or end is None or end <= start:
             return
-        rho = ours / full
-        ratio = workers / P
-        if rho <= ratio:
-            self.measured_noise = math.inf
-        elif rho >= 1.0:
-            self.measured_noise = 0.0
-        else:
-            self.measured_noise = (1.0 - rho) / (rho / ratio - 1.0)
+        # The window since the last eviction only grows: its latest measure replaces the last.
+        self.shed[int(workers)] = [float(end - start), float(steps[-1] - steps[0])]
+        sizes = np.array(sorted(self.shed), dtype=float)
+        equivalent = np.array([self.shed[int(p)][0] for p in sizes])
+        taken = np.array([self.shed[int(p)][1] for p in sizes])
+
+        def misfit(phi: float) -> float:
+            share = sizes / P if math.isinf(phi) else (1.0 + phi) / (1.0 + phi * P / sizes)
+            return float(np.sum((equivalent - taken * share) ** 2))
+
+        self.measured_noise = min(NOISE_GRID, key=misfit)
+
+    def _reference_step_at(self, loss: float) -> float | None:
+        """The step at which the reference curve (decreasing) reaches ``loss`` (None: never
+        within a million times the knee's step, or the loss is not finite)."""
+        curve = self.reference
+        if curve is None or not math.isfinite(loss):
+            return None
+        low, high = 0.0, float(max(1, self.knee_step or 1))
+        while curve(high) > loss:
+            low, high = high, 2.0 * high
+            if high > 1e6 * max(1, self.knee_step or 1):
+                return None
+        for _ in range(60):
+            mid = 0.5 * (low + high)
+            low, high = (mid, high) if curve(mid) > loss else (low, mid)
+        return high
 
     def predicted_gain(self, workers: int, step_now: float, step_after: float, remaining_s: float) -> float:
         """The remaining work's Perf/$ with ``workers - 1`` over that with ``workers``
@@ -570,6 +596,7 @@ class ScaleInTuner:
             "last": None if self._last is None else list(self._last),
             "peer_time": {str(p): list(tally) for p, tally in self.peer_time.items()},
             "measured_noise": _json_float(self.measured_noise),
+            "shed": {str(p): list(v) for p, v in self.shed.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -594,6 +621,7 @@ class ScaleInTuner:
         self.peer_time = {int(p): [float(t[0]), int(t[1])] for p, t in state.get("peer_time", {}).items()}
         noise = state.get("measured_noise")
         self.measured_noise = None if noise is None else float(noise)
+        self.shed = {int(p): [float(v[0]), float(v[1])] for p, v in state.get("shed", {}).items()}
 
     @classmethod
     def from_state_dict(cls, state: dict) -> ScaleInTuner:
