@@ -184,7 +184,7 @@ def knee_run(
         done += progress(p)
         tuner.observe(step, elapsed, 1 / (0.02 * done + 1) + 0.5, p, peer_s=None if peer_s is None else peer_s(p))
         if tuner.decide(elapsed, p) is not None:
-            p -= 1
+            p += 1 if tuner.last_action == "join" else -1
         sizes.append(p)
     return sizes
 
@@ -259,6 +259,31 @@ def test_the_guard_refuses_an_eviction_at_a_noise_dominated_job_where_fewer_work
     sizes = knee_run(fast, progress=lambda p: p / 8, step_s=lambda p: 0.02 + 0.02 * p, peer_s=lambda p: 0.02 * (p - 1))
     assert min(sizes) < 8 and fast.decisions[0]["evict"]
     assert fast.measured_noise is not None and fast.measured_noise > 2
+
+
+def test_an_eviction_that_measures_as_losing_money_is_undone_and_not_tried_again():
+    # The peers' part (90 % of the step) promises a step 1/8 shorter with a worker fewer,
+    # but the step is no faster (the part does not shrink with the peers): the knee's
+    # eviction is taken on the promise, timed at 7 workers, found to lose (8/7 the steps
+    # for no saving), and undone.
+    tuner = ScaleInTuner(min_workers=2, throughput_tolerance=1.0, **PRICES)
+    sizes = knee_run(tuner, step_s=lambda p: 0.1, peer_s=lambda p: 0.09)
+    assert 7 in sizes and sizes[-1] == 8 and min(sizes) == 7
+    knee, undo = tuner.decisions[0], next(d for d in tuner.decisions if d.get("join"))
+    assert knee["evict"] and knee["undone"] and knee["realised_gain"] < 1 < knee["predicted_gain"]
+    assert undo["workers"] == 7 and tuner.floor == 8
+    # The policy asks the supervisor for the worker back.
+    from ebb.autotune.policies import AutoTunePolicy
+
+    policy = AutoTunePolicy(min_workers=2, throughput_tolerance=1.0, **PRICES)
+    actions, p, elapsed = [], 8, 0.0
+    for step in range(1500):
+        elapsed += 0.1
+        policy.observe(step, elapsed, 1 / (0.02 * step + 1) + 0.5, p, epoch=step / 100, peer_s=0.09)
+        if (decision := policy.decide(step, elapsed, p, epoch=step / 100)) is not None:
+            actions.append(decision.action)
+            p += 1 if decision.action == "join" else -1
+    assert actions == ["evict", "join"]
 
 
 # ------------------------------------------------------------ ebb train's one-line note

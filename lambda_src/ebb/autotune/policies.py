@@ -79,8 +79,8 @@ class NoScaling:
 class AutoTunePolicy:
     """MLLess scale-in: evicts one worker at a time (see ``ScaleInTuner`` for params).
 
-    ``max_workers`` is accepted for a uniform construction and ignored: this policy
-    never adds workers.
+    ``max_workers`` is accepted for a uniform construction and ignored: this policy adds
+    a worker only to undo its own eviction (the cost guard's, ``ScaleInTuner``).
     """
 
     name = "autotune"
@@ -95,7 +95,7 @@ class AutoTunePolicy:
 
     def decide(self, step: int, elapsed_s: float, workers: int, epoch: float) -> ScaleDecision | None:
         reason = self.tuner.decide(elapsed_s, workers)
-        return None if reason is None else ScaleDecision("evict", 1, reason)
+        return None if reason is None else ScaleDecision(self.tuner.last_action, 1, reason)
 
     def state_dict(self) -> dict:
         return self.tuner.state_dict()

@@ -78,7 +78,8 @@ excess (``step_bias``). ``settle`` is the steps the fleet needs to re-settle (th
 lands a step later and the replicas re-stripe). The eviction is taken only when
 ``gain > 1 + cost_margin``; each decision records the predicted step time, m and gain, and
 the next decision at the smaller fleet the realised ones (the same formula on the measured
-step time).
+step time). An eviction whose realised gain comes out below 1 is undone: the tuner asks for
+a worker back (``last_action`` "join") and never evicts at that size again (``floor``).
 """
 
 from __future__ import annotations
@@ -227,6 +228,10 @@ class ScaleInTuner:
         self.measured_noise: float | None = None
         # {p: [the reference's steps to shed what p workers shed, the steps they took]}
         self.shed: dict[int, list[float]] = {}
+        # After an eviction that measured as losing money is undone: never evict at or
+        # below this size again. ``last_action``: what the last returned reason asks for.
+        self.floor: int | None = None
+        self.last_action = "evict"
 
     # -- feeding -----------------------------------------------------------------------
 
@@ -269,8 +274,10 @@ class ScaleInTuner:
     # -- deciding ----------------------------------------------------------------------
 
     def decide(self, elapsed_s: float, workers: int) -> str | None:
-        """A reason string if one worker should be evicted now, else None."""
-        if workers <= self.min_workers or not self._steps:
+        """A reason string if the fleet should change by one worker now, else None: an
+        eviction, or (``last_action`` "join") the undoing of one that measured as losing."""
+        self.last_action = "evict"
+        if workers <= max(self.min_workers, self.floor or 0) or not self._steps:
             return None
         if self.reference is None:
             return self._decide_at_knee(elapsed_s, workers)
@@ -326,6 +333,8 @@ class ScaleInTuner:
         throughput = self.throughput_after_eviction(workers)
         keeps_pace = throughput is None or throughput >= 1.0 - self.throughput_tolerance
         self._settle_realised(workers)
+        if (undo := self._undo_losing_eviction(elapsed_s, workers, steps[-1])) is not None:
+            return undo
         self._measure_noise(steps, local, workers)
         guard = self.cost_guard(workers, elapsed_s)
         pays = guard is None or guard["pays"]
@@ -521,6 +530,29 @@ class ScaleInTuner:
             "remaining_s": max(self.interval_s, float(elapsed_s)),
         }
 
+    def _undo_losing_eviction(self, elapsed_s: float, workers: int, step: int) -> str | None:
+        """Ask for the last eviction's worker back when, timed at the smaller fleet, its
+        realised gain came out below 1: it is losing money for the rest of the job, and a
+        worker's cold start costs less. The tuner then keeps that fleet size."""
+        evicted = [d for d in self.decisions if d.get("evict") and d.get("realised_gain") is not None]
+        if not evicted or evicted[-1]["workers"] != workers + 1 or evicted[-1].get("undone"):
+            return None
+        last = evicted[-1]
+        if last["realised_gain"] >= 1.0:
+            return None
+        last["undone"] = True
+        self.floor = workers + 1
+        self.decisions.append(
+            {"step": int(step), "elapsed_s": round(float(elapsed_s), 3), "workers": int(workers), "join": True}
+        )
+        self.next_decision_s = float(elapsed_s) + self.interval_s
+        self._steps, self._elapsed, self._losses, self._workers = [], [], [], []
+        self.last_action = "join"
+        return (
+            f"undo the eviction at step {last['step']}: realised Perf/$ gain {last['realised_gain']:.3f} < 1 "
+            f"(predicted {last['predicted_gain']:.3f}); keeping {workers + 1} workers"
+        )
+
     def _settle_realised(self, workers: int) -> None:
         """Fill the last eviction's realised effect once the smaller fleet has been timed:
         its measured step duration, and the gain the formula gives with it."""
@@ -597,6 +629,7 @@ class ScaleInTuner:
             "peer_time": {str(p): list(tally) for p, tally in self.peer_time.items()},
             "measured_noise": _json_float(self.measured_noise),
             "shed": {str(p): list(v) for p, v in self.shed.items()},
+            "floor": self.floor,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -622,6 +655,7 @@ class ScaleInTuner:
         noise = state.get("measured_noise")
         self.measured_noise = None if noise is None else float(noise)
         self.shed = {int(p): [float(v[0]), float(v[1])] for p, v in state.get("shed", {}).items()}
+        self.floor = state.get("floor")
 
     @classmethod
     def from_state_dict(cls, state: dict) -> ScaleInTuner:
