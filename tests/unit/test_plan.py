@@ -264,7 +264,7 @@ def test_the_guard_refuses_an_eviction_at_a_noise_dominated_job_where_fewer_work
 def test_an_eviction_that_measures_as_losing_money_is_undone_and_not_tried_again():
     # The peers' part (90 % of the step) promises a step 1/8 shorter with a worker fewer,
     # but the step is no faster (the part does not shrink with the peers): the knee's
-    # eviction is taken on the promise, timed at 7 workers, found to lose (8/7 the steps
+    # eviction is taken on the promise, timed at 7 workers, found to lose more than the cost margin (8/7 the steps
     # for no saving), and undone.
     tuner = ScaleInTuner(min_workers=2, throughput_tolerance=1.0, **PRICES)
     sizes = knee_run(tuner, step_s=lambda p: 0.1, peer_s=lambda p: 0.09)

@@ -78,8 +78,9 @@ excess (``step_bias``). ``settle`` is the steps the fleet needs to re-settle (th
 lands a step later and the replicas re-stripe). The eviction is taken only when
 ``gain > 1 + cost_margin``; each decision records the predicted step time, m and gain, and
 the next decision at the smaller fleet the realised ones (the same formula on the measured
-step time). An eviction whose realised gain comes out below 1 is undone: the tuner asks for
-a worker back (``last_action`` "join") and never evicts at that size again (``floor``).
+step time). An eviction whose realised gain comes out below ``1 − cost_margin`` is undone:
+the tuner asks for a worker back (``last_action`` "join") and never evicts at that size
+again (``floor``).
 """
 
 from __future__ import annotations
@@ -532,13 +533,15 @@ class ScaleInTuner:
 
     def _undo_losing_eviction(self, elapsed_s: float, workers: int, step: int) -> str | None:
         """Ask for the last eviction's worker back when, timed at the smaller fleet, its
-        realised gain came out below 1: it is losing money for the rest of the job, and a
-        worker's cold start costs less. The tuner then keeps that fleet size."""
+        realised gain came out below ``1 − cost_margin``: it is losing money for the rest of
+        the job, by more than a worker's cold start and re-settling cost (an eviction needs
+        ``1 + cost_margin`` to be taken; a 0.99 undone cost PMF at 16 workers a tenth of its
+        time). The tuner then keeps that fleet size."""
         evicted = [d for d in self.decisions if d.get("evict") and d.get("realised_gain") is not None]
         if not evicted or evicted[-1]["workers"] != workers + 1 or evicted[-1].get("undone"):
             return None
         last = evicted[-1]
-        if last["realised_gain"] >= 1.0:
+        if last["realised_gain"] >= 1.0 - self.cost_margin:
             return None
         last["undone"] = True
         self.floor = workers + 1
@@ -549,7 +552,8 @@ class ScaleInTuner:
         self._steps, self._elapsed, self._losses, self._workers = [], [], [], []
         self.last_action = "join"
         return (
-            f"undo the eviction at step {last['step']}: realised Perf/$ gain {last['realised_gain']:.3f} < 1 "
+            f"undo the eviction at step {last['step']}: realised Perf/$ gain {last['realised_gain']:.3f} "
+            f"< {1 - self.cost_margin:g} "
             f"(predicted {last['predicted_gain']:.3f}); keeping {workers + 1} workers"
         )
 
