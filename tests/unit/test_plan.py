@@ -148,17 +148,13 @@ def test_the_tuners_ceiling_is_the_best_smaller_fleet_doing_the_same_minibatches
 
 
 def test_peer_seconds_is_the_steps_part_spent_on_the_peers_updates():
-    steps = {
-        w: WorkerStep(cpu_s=0.03, sent_bytes=50_000, read_bytes=7 * 60_000, requests=3, io_cpu_s=0.004)
-        for w in range(8)
-    }
     # Each worker spent 2 ms of CPU reading (inside the store's calls) and 8 ms applying.
-    part = peer_seconds(steps, {w: (0.002, 0.008) for w in range(8)}, LINKS)
-    alone = {w: WorkerStep(cpu_s=0.02, sent_bytes=50_000, read_bytes=0, requests=3, io_cpu_s=0.002) for w in range(8)}
-    assert part == pytest.approx(
-        barrier_step_seconds(steps.values(), LINKS) - barrier_step_seconds(alone.values(), LINKS)
-    )
-    assert 0.008 < part < barrier_step_seconds(steps.values(), LINKS)
+    peer = {"cpu_s": 0.03, "read_bytes": 7 * 60_000, "io_cpu_s": 0.004, "read_cpu_s": 0.002, "apply_cpu_s": 0.008}
+    steps = [WorkerStep(sent_bytes=50_000, requests=3, **peer)] * 8
+    part = peer_seconds(steps, LINKS)
+    alone = [WorkerStep(cpu_s=0.02, sent_bytes=50_000, read_bytes=0, requests=3, io_cpu_s=0.002)] * 8
+    assert part == pytest.approx(barrier_step_seconds(steps, LINKS) - barrier_step_seconds(alone, LINKS))
+    assert 0.008 < part < barrier_step_seconds(steps, LINKS)
 
 
 # ------------------------------------------------------------------- the cost guard

@@ -273,16 +273,12 @@ class Supervisor:
     def _peer_seconds(self, reports: dict[int, StepReport], measured: dict[int, WorkerStep]) -> float:
         """The part of the step the workers spent reading and applying their peers' updates,
         on the job's clock (the cost guard's step-time model, ``ebb.autotune.tuner``)."""
+        if self.time.fleet:
+            return peer_seconds(measured.values(), self.time.fleet.links)
         # A worker's "apply" phase adds the step's mean, its own update one of P in it.
         own = 1.0 / max(1, len(reports))
-
-        def peers_cpu(timing: dict[str, float]) -> tuple[float, float]:
-            return timing.get("read", 0.0), timing.get("apply", 0.0) * (1.0 - own)
-
-        if self.time.fleet:
-            peer_cpu = {w: peers_cpu(r.cpu_timing) for w, r in reports.items()}
-            return peer_seconds(measured, peer_cpu, self.time.fleet.links)
-        return sum(sum(peers_cpu(r.timing)) for r in reports.values()) / max(1, len(reports))
+        spent = [r.timing.get("read", 0.0) + r.timing.get("apply", 0.0) * (1.0 - own) for r in reports.values()]
+        return sum(spent) / max(1, len(spent))
 
     def _decide_next(
         self, k: int, loss: float, epoch: float, elapsed: float, cost_usd: float, peer_s: float | None = None
