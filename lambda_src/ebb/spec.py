@@ -224,6 +224,12 @@ class ScalingSpec(_Strict):
         False,
         description="below the initial fleet P, learning rate × p/P (linear scaling rule; sync.combine mean only)",
     )
+    noise_ratio: float | None = Field(
+        None,
+        ge=0,
+        description="the auto-tuner's cost guard under sync.combine mean: B_noise/B at the initial fleet "
+        "if known (0: a step's progress does not depend on the fleet); none: measured, from noise-dominated",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ScalingSpec:

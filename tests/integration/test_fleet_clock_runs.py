@@ -31,9 +31,11 @@ def _fleet_spec(data_dir, out, **fields):
 
 
 def replayed(report) -> WorkerStep:
-    """Fixed CPU times per (worker, step): what a recorded run would replay."""
-    cpu = 0.05 + 0.01 * report.worker + 0.001 * (report.step % 7)
-    return WorkerStep(cpu, report.sent_bytes, report.read_bytes, report.requests, io_cpu_s=0.1 * cpu)
+    """Fixed CPU times per (worker, step, fleet size): what a recorded run would replay; 40 ms
+    a peer go into applying the peers' updates."""
+    apply = 0.04 * (len(report.members) - 1)
+    cpu = 0.02 + apply + 0.01 * report.worker + 0.001 * (report.step % 7)
+    return WorkerStep(cpu, report.sent_bytes, report.read_bytes, report.requests, io_cpu_s=0.1 * cpu, apply_cpu_s=apply)
 
 
 def test_a_local_run_on_the_fleet_clock_reports_it_and_its_history_sums_its_steps(small_ratings, tmp_path):

@@ -5,6 +5,7 @@ uninterrupted one does."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -173,20 +174,25 @@ def test_the_auto_tuner_evicts_before_a_round_boundary_and_the_fleet_stays_small
             "scaling.knee_patience": 1,
             "scaling.knee_min_drop": 0.0,
             "scaling.min_workers": 2,
+            "scaling.noise_ratio": 0.0,  # a step's progress whatever the fleet: the cost guard prices time alone
         },
     )
     signals = RecordingChannel()
     report, _ = run_local(spec, in_process=True, signals=signals)
     evictions = [e for e in report["scale_events"] if e["action"] == "evict"]
+    joins = [e for e in report["scale_events"] if e["action"] == "join"]
     assert evictions, "the tuner evicted"
+    assert all("undo the eviction" in j["reason"] for j in joins)
     rounds_of = {h["step"]: h["round"] for h in report["history"]}
     last_round = report["rounds"] - 1
     assert any(rounds_of[e["applied_at"]] < last_round for e in evictions), "an eviction before a boundary"
     for e in evictions:
         later = [m for m in signals.steps() if m.step > e["applied_at"]]
         assert later and all(m.worker != e["worker"] for m in later), "an evicted worker never returns"
-        assert all(h["workers"] < 4 for h in report["history"] if h["step"] > e["applied_at"])
-    assert report["workers"]["final"] == 4 - len(evictions) >= 2
+        # (until the cost guard undoes an eviction that timed as losing: a fresh worker joins)
+        until = min([j["applied_at"] for j in joins if j["applied_at"] > e["applied_at"]], default=math.inf)
+        assert all(h["workers"] < 4 for h in report["history"] if e["applied_at"] < h["step"] < until)
+    assert report["workers"]["final"] == 4 - len(evictions) + len(joins) >= 2
     assert report["autotune"]["knee_step"] is not None
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from ebb.autotune.tuner import ScaleInTuner
-from ebb.engine.fleet_clock import Links, WorkerStep, worker_seconds
+from ebb.engine.fleet_clock import Links, WorkerStep, barrier_step_seconds, peer_seconds, worker_seconds
 from ebb.plan.fit import Line, SizeSample, StepModel, epoch_steps, fit_progress, fit_step_model, miss_share, sample_of
-from ebb.plan.planner import pareto_front, recommend
+from ebb.plan.planner import pareto_front, predict, recommend, tuner_ceiling
 
 LINKS = Links(link_mb_s=75.0, rtt_ms=0.4, node_mb_s=625.0, cold_start_s=3.0, barrier_ms=0.5)
 
@@ -130,19 +130,57 @@ def test_pareto_front_and_recommendation():
     assert recommend(rows, max_seconds=1.0)[0] is None
 
 
+def test_the_tuners_ceiling_is_the_best_smaller_fleet_doing_the_same_minibatches():
+    from ebb.spec import load_spec
+
+    spec = load_spec(overrides={"data": "d", "model": "pmf", "workers": 16, "scaling.min_workers": 2})
+    row = predict(spec, PLANTED, 16, 1769, num_parts=1600, epochs=4.0)
+    ceiling = tuner_ceiling(spec, PLANTED, row, num_parts=1600, cache_share=1.0)
+    others = {p: predict(spec, PLANTED, p, 1769, num_parts=1600, epochs=4.0)["perf_per_dollar"] for p in range(2, 17)}
+    best = max(others, key=others.get)
+    assert ceiling["tuner_workers"] == best < 16  # the planted step grows with the peers
+    assert ceiling["tuner_gain"] == pytest.approx(others[best] / row["perf_per_dollar"]) and ceiling["tuner_gain"] > 1
+    # At the fleet with the best Perf/$ there is nothing to gain.
+    at_best = tuner_ceiling(
+        spec, PLANTED, predict(spec, PLANTED, best, 1769, num_parts=1600, epochs=4.0), num_parts=1600, cache_share=1.0
+    )
+    assert at_best["tuner_gain"] == pytest.approx(1.0) and at_best["tuner_workers"] == best
+
+
+def test_peer_seconds_is_the_steps_part_spent_on_the_peers_updates():
+    # Each worker spent 2 ms of CPU reading (inside the store's calls) and 8 ms applying.
+    peer = {"cpu_s": 0.03, "read_bytes": 7 * 60_000, "io_cpu_s": 0.004, "read_cpu_s": 0.002, "apply_cpu_s": 0.008}
+    steps = [WorkerStep(sent_bytes=50_000, requests=3, **peer)] * 8
+    part = peer_seconds(steps, LINKS)
+    alone = [WorkerStep(cpu_s=0.02, sent_bytes=50_000, read_bytes=0, requests=3, io_cpu_s=0.002)] * 8
+    assert part == pytest.approx(barrier_step_seconds(steps, LINKS) - barrier_step_seconds(alone, LINKS))
+    assert 0.008 < part < barrier_step_seconds(steps, LINKS)
+
+
 # ------------------------------------------------------------------- the cost guard
 
 PRICES = {"worker_usd_s": 2.88e-5, "fixed_usd_s": 3.5e-5}
 
 
-def knee_run(tuner: ScaleInTuner, *, workers: int = 8, step_s=lambda p: 0.1, steps: int = 1500):
-    """A loss with a knee, as the tuner's tests drive it; returns the fleet sizes taken."""
-    p, elapsed, sizes = workers, 0.0, []
+def knee_run(
+    tuner: ScaleInTuner,
+    *,
+    workers: int = 8,
+    step_s=lambda p: 0.1,
+    peer_s=None,
+    progress=lambda p: 1.0,
+    steps: int = 1500,
+):
+    """A loss with a knee, as the tuner's tests drive it; returns the fleet sizes taken.
+    ``peer_s(p)``: the part of a step spent on the peers' updates, as the supervisor
+    reports it; ``progress(p)``: how far a step of ``p`` workers moves along the curve."""
+    p, elapsed, sizes, done = workers, 0.0, [], 0.0
     for step in range(steps):
         elapsed += step_s(p)
-        tuner.observe(step, elapsed, 1 / (0.02 * step + 1) + 0.5, p)
+        done += progress(p)
+        tuner.observe(step, elapsed, 1 / (0.02 * done + 1) + 0.5, p, peer_s=None if peer_s is None else peer_s(p))
         if tuner.decide(elapsed, p) is not None:
-            p -= 1
+            p += 1 if tuner.last_action == "join" else -1
         sizes.append(p)
     return sizes
 
@@ -166,21 +204,82 @@ def test_the_guard_refuses_an_eviction_the_model_says_cannot_pay():
 
 
 def test_the_guard_takes_evictions_that_pay_and_reports_their_realised_effect():
-    # Under the mean (γ = 0) with a step that grows with the peers, fewer workers are both
-    # sooner and cheaper: the guard lets the tuner go on, and each eviction's record gets
-    # the step time measured afterwards beside the one predicted.
+    # Under the mean with a step mostly spent on the peers' updates, fewer workers are both
+    # sooner and cheaper even at the knee's noise-dominated start (a worker fewer needs
+    # 8/7 the steps): 8/7 × 0.16/0.18 ≈ 1.02 the time for 0.89× the price a second. The
+    # guard lets the tuner go on, and each eviction's record gets the step time measured
+    # afterwards beside the one predicted.
     guarded = ScaleInTuner(min_workers=4, throughput_tolerance=1.0, progress_exponent=0.0, **PRICES)
-    sizes = knee_run(guarded, step_s=lambda p: 0.05 + 0.01 * p)
+    sizes = knee_run(guarded, step_s=lambda p: 0.02 + 0.02 * p, peer_s=lambda p: 0.02 * (p - 1))
     assert min(sizes) < 8
     taken = [d for d in guarded.decisions if d["evict"]]
+    assert taken[0]["at_knee"] and taken[0]["predicted_step_s"] == pytest.approx(0.16, rel=1e-6)
+    assert taken[0]["progress_steps"] == pytest.approx(8 / 7, abs=1e-4) and taken[0]["noise"] == "inf"
     assert taken and all(d["predicted_gain"] > 1 + guarded.cost_margin for d in taken)
     realised = [d for d in taken if "realised_gain" in d]
     assert realised
     for d in realised:
-        assert d["realised_step_s"] == pytest.approx(0.05 + 0.01 * (d["workers"] - 1), rel=1e-6)
+        assert d["realised_step_s"] == pytest.approx(0.02 + 0.02 * (d["workers"] - 1), rel=1e-6)
         assert math.isfinite(d["realised_gain"]) and d["realised_gain"] > 1
-    # The guard's settings survive a checkpoint.
-    assert ScaleInTuner.from_state_dict(guarded.state_dict()).config() == guarded.config()
+    # Here a step's progress does not depend on the fleet (signal-dominated): measured
+    # online, the noise ratio comes out near 0, and fewer workers need about as many steps.
+    assert guarded.measured_noise is not None and guarded.measured_noise < 0.2
+    assert taken[-1]["progress_steps"] < 1.05
+    # The guard's settings and what it measured survive a checkpoint.
+    restored = ScaleInTuner.from_state_dict(guarded.state_dict())
+    assert restored.config() == guarded.config()
+    assert restored.measured_noise == guarded.measured_noise and restored.peer_time == guarded.peer_time
+
+
+def test_the_guard_refuses_an_eviction_at_a_noise_dominated_job_where_fewer_workers_lose_progress():
+    # Issue 27's ML-10M run, planted: the workers' proposals are averaged, but past the knee
+    # they are noise-dominated, so a step of p workers moves the loss p/8 as far as the 8
+    # workers' (steps to target ∝ 1 + B_noise/B, B_noise ≫ B). The step is CPU-bound (the
+    # peers' part 5 %): a worker fewer is 6 % faster a step but needs 8/7 the steps. The
+    # old guard (φ = 0: a step's progress independent of P) took the eviction at 1.11×; the
+    # noise-dominated start refuses it.
+    step_s, peer_s = (lambda p: 0.1 + 0.0007 * p), (lambda p: 0.0007 * (p - 1))
+    noisy = {"progress": lambda p: p / 8, "step_s": step_s, "peer_s": peer_s}
+    guarded = ScaleInTuner(min_workers=2, throughput_tolerance=1.0, **PRICES)
+    assert set(knee_run(guarded, **noisy)) == {8}
+    refusal = guarded.decisions[0]
+    assert refusal["at_knee"] and not refusal["evict"] and refusal["predicted_gain"] < 1
+    assert refusal["progress_steps"] == pytest.approx(8 / 7, abs=1e-4)
+    old = ScaleInTuner(min_workers=2, throughput_tolerance=1.0, noise_ratio=0.0, **PRICES)
+    assert min(knee_run(old, **noisy)) < 8 and old.decisions[0]["predicted_gain"] > 1.02
+    # The same job where the step falls enough with the fleet (mostly the peers' updates):
+    # the knee's eviction pays despite the 8/7 steps, and once 7 workers have run the guard
+    # measures the noise ratio: the loss they shed per step is 7/8 of the reference's, so
+    # φ is large (a step's progress is proportional to the fleet) and stays priced in.
+    fast = ScaleInTuner(min_workers=6, throughput_tolerance=1.0, **PRICES)
+    sizes = knee_run(fast, progress=lambda p: p / 8, step_s=lambda p: 0.02 + 0.02 * p, peer_s=lambda p: 0.02 * (p - 1))
+    assert min(sizes) < 8 and fast.decisions[0]["evict"]
+    assert fast.measured_noise is not None and fast.measured_noise > 2
+
+
+def test_an_eviction_that_measures_as_losing_money_is_undone_and_not_tried_again():
+    # The peers' part (90 % of the step) promises a step 1/8 shorter with a worker fewer,
+    # but the step is no faster (the part does not shrink with the peers): the knee's
+    # eviction is taken on the promise, timed at 7 workers, found to lose more than the cost margin (8/7 the steps
+    # for no saving), and undone.
+    tuner = ScaleInTuner(min_workers=2, throughput_tolerance=1.0, **PRICES)
+    sizes = knee_run(tuner, step_s=lambda p: 0.1, peer_s=lambda p: 0.09)
+    assert 7 in sizes and sizes[-1] == 8 and min(sizes) == 7
+    knee, undo = tuner.decisions[0], next(d for d in tuner.decisions if d.get("join"))
+    assert knee["evict"] and knee["undone"] and knee["realised_gain"] < 1 < knee["predicted_gain"]
+    assert undo["workers"] == 7 and tuner.floor == 8
+    # The policy asks the supervisor for the worker back.
+    from ebb.autotune.policies import AutoTunePolicy
+
+    policy = AutoTunePolicy(min_workers=2, throughput_tolerance=1.0, **PRICES)
+    actions, p, elapsed = [], 8, 0.0
+    for step in range(1500):
+        elapsed += 0.1
+        policy.observe(step, elapsed, 1 / (0.02 * step + 1) + 0.5, p, epoch=step / 100, peer_s=0.09)
+        if (decision := policy.decide(step, elapsed, p, epoch=step / 100)) is not None:
+            actions.append(decision.action)
+            p += 1 if decision.action == "join" else -1
+    assert actions == ["evict", "join"]
 
 
 # ------------------------------------------------------------ ebb train's one-line note

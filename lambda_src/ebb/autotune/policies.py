@@ -42,7 +42,9 @@ class ScalingPolicy(Protocol):
 
     name: str
 
-    def observe(self, step: int, elapsed_s: float, loss: float, workers: int, epoch: float) -> None: ...
+    def observe(
+        self, step: int, elapsed_s: float, loss: float, workers: int, epoch: float, peer_s: float | None = None
+    ) -> None: ...
 
     def decide(self, step: int, elapsed_s: float, workers: int, epoch: float) -> ScaleDecision | None: ...
 
@@ -59,7 +61,9 @@ class NoScaling:
     def __init__(self, *, min_workers: int = 1, max_workers: int | None = None):
         self.min_workers, self.max_workers = min_workers, max_workers
 
-    def observe(self, step: int, elapsed_s: float, loss: float, workers: int, epoch: float) -> None:
+    def observe(
+        self, step: int, elapsed_s: float, loss: float, workers: int, epoch: float, peer_s: float | None = None
+    ) -> None:
         return None
 
     def decide(self, step: int, elapsed_s: float, workers: int, epoch: float) -> ScaleDecision | None:
@@ -75,8 +79,8 @@ class NoScaling:
 class AutoTunePolicy:
     """MLLess scale-in: evicts one worker at a time (see ``ScaleInTuner`` for params).
 
-    ``max_workers`` is accepted for a uniform construction and ignored: this policy
-    never adds workers.
+    ``max_workers`` is accepted for a uniform construction and ignored: this policy adds
+    a worker only to undo its own eviction (the cost guard's, ``ScaleInTuner``).
     """
 
     name = "autotune"
@@ -84,12 +88,14 @@ class AutoTunePolicy:
     def __init__(self, *, max_workers: int | None = None, **tuner_params: Any):
         self.tuner = ScaleInTuner(**tuner_params)
 
-    def observe(self, step: int, elapsed_s: float, loss: float, workers: int, epoch: float) -> None:
-        self.tuner.observe(step, elapsed_s, loss, workers)
+    def observe(
+        self, step: int, elapsed_s: float, loss: float, workers: int, epoch: float, peer_s: float | None = None
+    ) -> None:
+        self.tuner.observe(step, elapsed_s, loss, workers, peer_s=peer_s)
 
     def decide(self, step: int, elapsed_s: float, workers: int, epoch: float) -> ScaleDecision | None:
         reason = self.tuner.decide(elapsed_s, workers)
-        return None if reason is None else ScaleDecision("evict", 1, reason)
+        return None if reason is None else ScaleDecision(self.tuner.last_action, 1, reason)
 
     def state_dict(self) -> dict:
         return self.tuner.state_dict()
@@ -131,7 +137,9 @@ class SchedulePolicy:
         self.min_workers, self.max_workers = min_workers, max_workers
         self.fired = 0  # entries already applied, in epoch order
 
-    def observe(self, step: int, elapsed_s: float, loss: float, workers: int, epoch: float) -> None:
+    def observe(
+        self, step: int, elapsed_s: float, loss: float, workers: int, epoch: float, peer_s: float | None = None
+    ) -> None:
         return None
 
     def decide(self, step: int, elapsed_s: float, workers: int, epoch: float) -> ScaleDecision | None:

@@ -44,16 +44,43 @@ about as long again to go), at least one interval. The planner's model predicts 
 remaining job's Perf/$ with one worker fewer::
 
     T = R·d_p                 C = T·(p·w + f)
-    T' = R·(p/(p−1))^γ·d_{p−1} + settle·d_{p−1}      C' = T'·((p−1)·w + f)
+    T' = R·m_p·d_{p−1} + settle·d_{p−1}      C' = T'·((p−1)·w + f)
     gain = (T·C) / (T'·C')
 
-γ is the engine's epoch-per-P rule (``ebb.engine.cadence``): 0 under ``sync.combine``
-mean (a step is one worker's step of progress, whatever P), 1 under sum (a step is P
-workers' steps, so fewer workers need proportionally more steps); ``settle`` the steps
-the fleet needs to re-settle (the eviction lands a step later and the replicas
-re-stripe). The eviction is taken only when ``gain > 1 + cost_margin``; each decision
-records the predicted step time and gain, and the next decision at the smaller fleet the
-realised ones (the same formula on the measured step time).
+``m_p`` is how many steps p − 1 workers need for one step of p workers' progress. The
+workers' proposals of a step are combined into one update over a batch B ∝ p; McCandlish
+et al. (2018, "An Empirical Model of Large-Batch Training") find the steps to a target
+scale as 1 + B_noise/B, so with φ = B_noise/B at the current fleet::
+
+    m_p = (1 + φ·p/(p−1)) / (1 + φ)
+
+φ → 0 (signal-dominated: a step's progress is independent of P, the epoch-per-P rule of
+``ebb.engine.cadence`` under ``sync.combine`` mean) gives m = 1; φ → ∞ (noise-dominated:
+a step's progress is proportional to its batch, as under sum) gives m = p/(p−1). Under sum
+m = p/(p−1) always (``progress_exponent`` 1). Under mean the knee is, by construction,
+where the progress per step has collapsed to a tenth of its steepest, i.e. where the
+updates are noise-dominated, so the guard starts from φ = ∞ (``noise_ratio`` None) and
+measures φ online once the fleet has run at a smaller size: over the window since the
+last eviction, p workers took n steps to shed the loss from ℓ_p(t0) to ℓ_p(t1); the
+reference curve of the P workers takes n_P steps between the same two losses (compared at
+the same loss, not the same step: the smaller fleet is behind, where the curve is
+steeper), and n_P/n = (1 + φ_P)/(1 + φ_P·P/p) with φ_p = φ_P·P/p. Pooled over the sizes
+run so far (one window each), φ_P is the value of a grid from 0 to ∞ that fits them best
+(least squares): one window alone is noisy.
+
+``d_{p−1}`` is the measured step time less the step-time slope in p: a straight line through
+the sizes measured so far, or, while only one size is measured (at the knee), the part of
+the step the workers spend reading and applying their peers' updates over the peers p − 1
+(``peer_s``, from the supervisor: it grows with the peers, the rest of the step does not);
+kept between "no faster" and "faster in proportion". Should the step times realised after
+earlier evictions exceed their predictions, later predictions are scaled up by the mean
+excess (``step_bias``). ``settle`` is the steps the fleet needs to re-settle (the eviction
+lands a step later and the replicas re-stripe). The eviction is taken only when
+``gain > 1 + cost_margin``; each decision records the predicted step time, m and gain, and
+the next decision at the smaller fleet the realised ones (the same formula on the measured
+step time). An eviction whose realised gain comes out below 1 (the knee's, a probe) or
+``1 − cost_margin`` (a later one) is undone: the tuner asks for a worker back
+(``last_action`` "join") and never evicts at that size again (``floor``).
 """
 
 from __future__ import annotations
@@ -93,6 +120,9 @@ MIN_TIMED_STEPS = 3
 # more than this share, and the fleet is taken to lose this many steps re-settling.
 DEFAULT_COST_MARGIN = 0.02
 DEFAULT_SETTLE_STEPS = 2.0
+
+# The noise ratios φ_P the online measurement chooses from (0: signal-, ∞: noise-dominated).
+NOISE_GRID = (0.0, *np.logspace(-2, 3, 26).tolist(), math.inf)
 
 # Fits use at most this many evenly spaced smoothed points: the smoothed curve carries
 # no more information at a finer spacing, and the solver's cost grows with the count.
@@ -136,6 +166,7 @@ class ScaleInTuner:
         worker_usd_s: float = 0.0,
         fixed_usd_s: float = 0.0,
         progress_exponent: float = 0.0,
+        noise_ratio: float | None = None,
         cost_margin: float = DEFAULT_COST_MARGIN,
         settle_steps: float = DEFAULT_SETTLE_STEPS,
     ):
@@ -157,6 +188,9 @@ class ScaleInTuner:
             raise ValueError(f"throughput_tolerance must be in [0, 1], got {throughput_tolerance}")
         if worker_usd_s < 0 or fixed_usd_s < 0 or not 0.0 <= progress_exponent <= 1.0 or settle_steps < 0:
             raise ValueError("cost guard: prices and settle_steps must be >= 0 and progress_exponent in [0, 1]")
+        if noise_ratio is not None and not noise_ratio >= 0:
+            raise ValueError(f"noise_ratio must be >= 0 or None (noise-dominated), got {noise_ratio}")
+        self.noise_ratio = None if noise_ratio is None else float(noise_ratio)
         self.worker_usd_s, self.fixed_usd_s = float(worker_usd_s), float(fixed_usd_s)
         self.progress_exponent, self.cost_margin = float(progress_exponent), float(cost_margin)
         self.settle_steps = float(settle_steps)
@@ -189,16 +223,31 @@ class ScaleInTuner:
         # and the last observation (step, elapsed, workers) they are measured from.
         self.step_time: dict[int, list[float]] = {}
         self._last: tuple[int, float, int] | None = None
+        # Seconds per step spent on the peers' updates, per fleet size ({p: [seconds, steps]}),
+        # and φ_P, the noise ratio at the full fleet measured since (None: not yet).
+        self.peer_time: dict[int, list[float]] = {}
+        self.measured_noise: float | None = None
+        # {p: [the reference's steps to shed what p workers shed, the steps they took]}
+        self.shed: dict[int, list[float]] = {}
+        # After an eviction that measured as losing money is undone: never evict at or
+        # below this size again. ``last_action``: what the last returned reason asks for.
+        self.floor: int | None = None
+        self.last_action = "evict"
 
     # -- feeding -----------------------------------------------------------------------
 
-    def observe(self, step: int, elapsed_s: float, loss: float, workers: int) -> None:
-        """Record the global training loss of a completed step.
+    def observe(self, step: int, elapsed_s: float, loss: float, workers: int, peer_s: float | None = None) -> None:
+        """Record the global training loss of a completed step (and ``peer_s``, the part of
+        its time the workers spent reading and applying their peers' updates, if known).
 
         Non-finite losses are ignored (a diverging run is the stop criteria's business,
         and one NaN would poison every fit).
         """
         self._tally_step_time(int(step), float(elapsed_s), int(workers))
+        if peer_s is not None and math.isfinite(peer_s) and peer_s >= 0:
+            tally = self.peer_time.setdefault(int(workers), [0.0, 0])
+            tally[0] += float(peer_s)
+            tally[1] += 1
         loss = float(loss)
         if not math.isfinite(loss):
             return
@@ -226,8 +275,10 @@ class ScaleInTuner:
     # -- deciding ----------------------------------------------------------------------
 
     def decide(self, elapsed_s: float, workers: int) -> str | None:
-        """A reason string if one worker should be evicted now, else None."""
-        if workers <= self.min_workers or not self._steps:
+        """A reason string if the fleet should change by one worker now, else None: an
+        eviction, or (``last_action`` "join") the undoing of one that measured as losing."""
+        self.last_action = "evict"
+        if workers <= max(self.min_workers, self.floor or 0) or not self._steps:
             return None
         if self.reference is None:
             return self._decide_at_knee(elapsed_s, workers)
@@ -283,6 +334,9 @@ class ScaleInTuner:
         throughput = self.throughput_after_eviction(workers)
         keeps_pace = throughput is None or throughput >= 1.0 - self.throughput_tolerance
         self._settle_realised(workers)
+        if (undo := self._undo_losing_eviction(elapsed_s, workers, steps[-1])) is not None:
+            return undo
+        self._measure_noise(steps, local, workers)
         guard = self.cost_guard(workers, elapsed_s)
         pays = guard is None or guard["pays"]
         evict = s_delta is not None and s_delta < self.tolerance and keeps_pace and pays
@@ -353,8 +407,9 @@ class ScaleInTuner:
         }
 
     def _step_after(self, workers: int, measured: dict[int, float]) -> float | None:
-        """The step duration predicted at ``workers - 1`` from the sizes measured so far
-        (as ``throughput_after_eviction``: between "no faster" and "faster in proportion")."""
+        """The step duration predicted at ``workers - 1`` (the module docstring: the slope
+        through the sizes measured so far, else the peers' part over the peers; between
+        "no faster" and "faster in proportion"), times ``step_bias``."""
         now = measured.get(workers)
         if now is None:
             now = self.reference_step_s if workers == self.reference_workers else None
@@ -364,7 +419,73 @@ class ScaleInTuner:
         if len(measured) >= 2:
             sizes = np.array(sorted(measured), dtype=float)
             slope = float(np.polyfit(sizes, [measured[int(p)] for p in sizes], 1)[0])
-        return min(now, max(now - slope, now * (workers - 1) / workers))
+        elif (peer := self.peer_time.get(workers)) is not None and peer[1] >= MIN_TIMED_STEPS:
+            slope = peer[0] / peer[1] / (workers - 1)
+        return min(now, max(now - slope, now * (workers - 1) / workers)) * self.step_bias()
+
+    def step_bias(self) -> float:
+        """How much the step times realised after earlier evictions exceeded their
+        predictions, on average (1 when they did not: predictions are never made faster)."""
+        ratios = [
+            d["realised_step_s"] / d["predicted_step_s"]
+            for d in self.decisions
+            if d.get("realised_step_s") and d.get("predicted_step_s")
+        ]
+        return max(1.0, float(np.mean(ratios))) if ratios else 1.0
+
+    def noise(self, workers: int) -> float:
+        """φ = B_noise/B at ``workers`` (math.inf: noise-dominated; the module docstring)."""
+        full = self.measured_noise if self.measured_noise is not None else self.noise_ratio
+        if full is None or not math.isfinite(full):
+            return math.inf
+        return full * (self.reference_workers or workers) / workers
+
+    def progress_steps(self, workers: int) -> float:
+        """m_p: steps ``workers - 1`` need for one step of ``workers``' progress."""
+        p = workers
+        if self.progress_exponent > 0:  # sum: a step is its workers' steps
+            return (p / (p - 1)) ** self.progress_exponent
+        phi = self.noise(p)
+        if not math.isfinite(phi):
+            return p / (p - 1)
+        return (1.0 + phi * p / (p - 1)) / (1.0 + phi)
+
+    def _measure_noise(self, steps: list[int], local: LocalCurve, workers: int) -> None:
+        """φ_P from the steps the reference curve takes to shed what the current fleet shed
+        over its window, pooled over the sizes run so far (the module docstring)."""
+        P = self.reference_workers
+        if self.reference is None or P is None or workers >= P or len(steps) < 2 or steps[-1] <= steps[0]:
+            return
+        start, end = self._reference_step_at(local(steps[0])), self._reference_step_at(local(steps[-1]))
+        if start is None or end is None or end <= start:
+            return
+        # The window since the last eviction only grows: its latest measure replaces the last.
+        self.shed[int(workers)] = [float(end - start), float(steps[-1] - steps[0])]
+        sizes = np.array(sorted(self.shed), dtype=float)
+        equivalent = np.array([self.shed[int(p)][0] for p in sizes])
+        taken = np.array([self.shed[int(p)][1] for p in sizes])
+
+        def misfit(phi: float) -> float:
+            share = sizes / P if math.isinf(phi) else (1.0 + phi) / (1.0 + phi * P / sizes)
+            return float(np.sum((equivalent - taken * share) ** 2))
+
+        self.measured_noise = min(NOISE_GRID, key=misfit)
+
+    def _reference_step_at(self, loss: float) -> float | None:
+        """The step at which the reference curve (decreasing) reaches ``loss`` (None: never
+        within a million times the knee's step, or the loss is not finite)."""
+        curve = self.reference
+        if curve is None or not math.isfinite(loss):
+            return None
+        low, high = 0.0, float(max(1, self.knee_step or 1))
+        while curve(high) > loss:
+            low, high = high, 2.0 * high
+            if high > 1e6 * max(1, self.knee_step or 1):
+                return None
+        for _ in range(60):
+            mid = 0.5 * (low + high)
+            low, high = (mid, high) if curve(mid) > loss else (low, mid)
+        return high
 
     def predicted_gain(self, workers: int, step_now: float, step_after: float, remaining_s: float) -> float:
         """The remaining work's Perf/$ with ``workers - 1`` over that with ``workers``
@@ -372,7 +493,7 @@ class ScaleInTuner:
         p, w, f = workers, self.worker_usd_s, self.fixed_usd_s
         work = max(1.0, max(self.interval_s, remaining_s) / step_now)  # R
         t_now = work * step_now
-        t_after = work * (p / (p - 1)) ** self.progress_exponent * step_after + self.settle_steps * step_after
+        t_after = work * self.progress_steps(p) * step_after + self.settle_steps * step_after
         return (t_now * t_now * (p * w + f)) / (t_after * t_after * ((p - 1) * w + f))
 
     def _knee_decision(self, workers: int, elapsed_s: float, guard: dict, *, evict: bool) -> None:
@@ -403,10 +524,40 @@ class ScaleInTuner:
         return {
             "pays": gain > 1.0 + self.cost_margin,
             "predicted_gain": gain,
+            "progress_steps": self.progress_steps(workers),
+            "noise": self.noise(workers) if self.progress_exponent == 0 else math.inf,
             "step_s": now,
             "predicted_step_s": after,
             "remaining_s": max(self.interval_s, float(elapsed_s)),
         }
+
+    def _undo_losing_eviction(self, elapsed_s: float, workers: int, step: int) -> str | None:
+        """Ask for the last eviction's worker back when, timed at the smaller fleet, its
+        realised gain came out below 1 for the knee's eviction, ``1 − cost_margin`` for a
+        later one: it is losing money for the rest of the job. The knee's is a probe,
+        predicted from the peers' share of the step alone (one size timed; at ML-10M shape
+        it promised 1.021 and realised 0.98); a later one was predicted from measured step
+        times, and undoing it costs a worker's cold start and re-settling, so it needs the
+        same margin as taking one (a 0.99 undone cost PMF at 16 workers a tenth of its
+        time). The tuner then keeps that fleet size."""
+        evicted = [d for d in self.decisions if d.get("evict") and d.get("realised_gain") is not None]
+        if not evicted or evicted[-1]["workers"] != workers + 1 or evicted[-1].get("undone"):
+            return None
+        last = evicted[-1]
+        if last["realised_gain"] >= (1.0 if last.get("at_knee") else 1.0 - self.cost_margin):
+            return None
+        last["undone"] = True
+        self.floor = workers + 1
+        self.decisions.append(
+            {"step": int(step), "elapsed_s": round(float(elapsed_s), 3), "workers": int(workers), "join": True}
+        )
+        self.next_decision_s = float(elapsed_s) + self.interval_s
+        self._steps, self._elapsed, self._losses, self._workers = [], [], [], []
+        self.last_action = "join"
+        return (
+            f"undo the eviction at step {last['step']}: realised Perf/$ gain {last['realised_gain']:.3f} "
+            f"(predicted {last['predicted_gain']:.3f}); keeping {workers + 1} workers"
+        )
 
     def _settle_realised(self, workers: int) -> None:
         """Fill the last eviction's realised effect once the smaller fleet has been timed:
@@ -457,6 +608,7 @@ class ScaleInTuner:
             "worker_usd_s": self.worker_usd_s,
             "fixed_usd_s": self.fixed_usd_s,
             "progress_exponent": self.progress_exponent,
+            "noise_ratio": self.noise_ratio,
             "cost_margin": self.cost_margin,
             "settle_steps": self.settle_steps,
         }
@@ -480,6 +632,10 @@ class ScaleInTuner:
             "decisions": [dict(record) for record in self.decisions],
             "step_time": {str(p): list(tally) for p, tally in self.step_time.items()},
             "last": None if self._last is None else list(self._last),
+            "peer_time": {str(p): list(tally) for p, tally in self.peer_time.items()},
+            "measured_noise": _json_float(self.measured_noise),
+            "shed": {str(p): list(v) for p, v in self.shed.items()},
+            "floor": self.floor,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -501,6 +657,11 @@ class ScaleInTuner:
         self.step_time = {int(p): [float(t[0]), int(t[1])] for p, t in state.get("step_time", {}).items()}
         last = state.get("last")
         self._last = None if last is None else (int(last[0]), float(last[1]), int(last[2]))
+        self.peer_time = {int(p): [float(t[0]), int(t[1])] for p, t in state.get("peer_time", {}).items()}
+        noise = state.get("measured_noise")
+        self.measured_noise = None if noise is None else float(noise)
+        self.shed = {int(p): [float(v[0]), float(v[1])] for p, v in state.get("shed", {}).items()}
+        self.floor = state.get("floor")
 
     @classmethod
     def from_state_dict(cls, state: dict) -> ScaleInTuner:
@@ -515,8 +676,15 @@ def _guard_fields(guard: dict) -> dict:
         "step_s": round(guard["step_s"], 6),
         "predicted_step_s": round(guard["predicted_step_s"], 6),
         "predicted_gain": round(guard["predicted_gain"], 4),
+        "progress_steps": round(guard["progress_steps"], 4),
+        "noise": _json_float(guard["noise"] if math.isinf(guard["noise"]) else round(guard["noise"], 4)),
         "remaining_s": round(guard["remaining_s"], 3),
     }
+
+
+def _json_float(value: float | None) -> float | str | None:
+    """A float for JSON: infinity as the string "inf" (``float("inf")`` reads it back)."""
+    return "inf" if value is not None and math.isinf(value) else value
 
 
 def _mean_step_duration(steps: list[int], elapsed: list[float]) -> float:

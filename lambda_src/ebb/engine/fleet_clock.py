@@ -46,7 +46,7 @@ cleared(s - 1)``, the cold start included (Lambda bills a function's init).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ebb.spec import ClockSpec
@@ -97,11 +97,26 @@ class WorkerStep:
     read_bytes: int = 0
     requests: int = 0
     io_cpu_s: float = 0.0  # the part of cpu_s spent inside the update store's calls
+    # The parts of cpu_s spent on the peers' updates: reading them (inside the store's
+    # calls) and applying them (``peer_seconds``).
+    read_cpu_s: float = 0.0
+    apply_cpu_s: float = 0.0
 
     @classmethod
     def of(cls, report: Measured) -> WorkerStep:
-        """The measures of a worker's ``StepReport``."""
-        return cls(report.cpu_seconds, report.sent_bytes, report.read_bytes, report.requests, report.io_cpu_seconds)
+        """The measures of a worker's ``StepReport`` (its "read" and "apply" phases' CPU: the
+        apply adds the step's mean, the worker's own update one of its members')."""
+        timing = getattr(report, "cpu_timing", None) or {}
+        members = len(getattr(report, "members", None) or [0])
+        return cls(
+            report.cpu_seconds,
+            report.sent_bytes,
+            report.read_bytes,
+            report.requests,
+            report.io_cpu_seconds,
+            read_cpu_s=timing.get("read", 0.0),
+            apply_cpu_s=timing.get("apply", 0.0) * (1.0 - 1.0 / members),
+        )
 
 
 def _node_totals(steps: Iterable[WorkerStep]) -> tuple[int, int]:
@@ -125,6 +140,22 @@ def barrier_step_seconds(steps: Iterable[WorkerStep], links: Links) -> float:
     steps = list(steps)
     totals = _node_totals(steps)
     return links.barrier_ms / 1e3 + max((worker_seconds(w, links, totals) for w in steps), default=0.0)
+
+
+def peer_seconds(steps: Iterable[WorkerStep], links: Links) -> float:
+    """The part of a barrier step's fleet time spent on the peers' updates: reading them
+    (their bytes, and ``read_cpu_s``, inside the update store's calls) and applying them
+    (``apply_cpu_s``). The step composed again
+    without it is what the step would take with no peers; what a worker reads and applies
+    grows with the peers ``P − 1``, so this over ``P − 1`` is the step time one worker
+    fewer saves (the auto-tuner's cost guard uses it at the knee, where only one fleet size
+    has been timed)."""
+    steps = list(steps)
+    alone = []
+    for m in steps:
+        cpu = max(0.0, m.cpu_s - m.read_cpu_s - m.apply_cpu_s)
+        alone.append(replace(m, cpu_s=cpu, io_cpu_s=min(cpu, max(0.0, m.io_cpu_s - m.read_cpu_s)), read_bytes=0))
+    return max(0.0, barrier_step_seconds(steps, links) - barrier_step_seconds(alone, links))
 
 
 class FleetTimeline:

@@ -43,10 +43,11 @@ def policy_for(spec: JobSpec) -> ScalingPolicy:
     return make_policy("none")
 
 
-def cost_guard_params(spec: JobSpec) -> dict[str, float]:
+def cost_guard_params(spec: JobSpec) -> dict[str, float | None]:
     """The auto-tuner's cost guard for ``spec``: $ per worker-second, $ per second of what
-    bills whatever the fleet (supervisor, cache nodes), and the epoch-per-P rule's exponent
-    (``ebb.autotune.tuner``, "Cost guard")."""
+    bills whatever the fleet (supervisor, cache nodes), and the progress model: under sum a
+    smaller fleet needs p/(p−1) the steps (exponent 1); under mean the tuner measures it,
+    from ``scaling.noise_ratio`` or else a noise-dominated start (``ebb.autotune.tuner``, "Cost guard")."""
     from ebb.cost.model import load_prices
 
     prices, aws = load_prices(), spec.aws
@@ -56,6 +57,7 @@ def cost_guard_params(spec: JobSpec) -> dict[str, float]:
         "worker_usd_s": aws.memory_mb / 1024.0 * gb_s,
         "fixed_usd_s": aws.supervisor_memory_mb / 1024.0 * gb_s + node,
         "progress_exponent": 1.0 if spec.sync.combine == "sum" else 0.0,
+        "noise_ratio": spec.scaling.noise_ratio,
     }
 
 

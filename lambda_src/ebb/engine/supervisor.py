@@ -35,7 +35,7 @@ from ebb.engine import accounting, checkpoint, failures, finalize, rounds, scali
 from ebb.engine.cadence import eval_interval
 from ebb.engine.clock import JobTime, wall
 from ebb.engine.errors import EngineError
-from ebb.engine.fleet_clock import WorkerStep
+from ebb.engine.fleet_clock import WorkerStep, peer_seconds
 from ebb.engine.inbox import Inbox
 from ebb.engine.pauses import PauseClock
 from ebb.engine.state import SupervisorState
@@ -218,9 +218,10 @@ class Supervisor:
         self._last_progress = self.time.host.round_elapsed()
         trained = list(s.members)
         step = accounting.close_step(s, reports, num_parts=self.num_parts, loss_of=self._loss)
+        measured = {w: self.measure_of(r) for w, r in reports.items()}
         if self.time.fleet:
             joining = len(set(s.upcoming) - set(s.members))  # launched, not training yet: billed
-            self.time.fleet.close(k, {w: self.measure_of(r) for w, r in reports.items()}, waiting=joining)
+            self.time.fleet.close(k, measured, waiting=joining)
         elapsed = self.time.elapsed()
         self.round_end_rule.step_closed(self.time.host.round_elapsed())
         stopping.check_finite(k, step.loss, reports, epoch=step.epoch, lr=self.spec.hyper.lr, loss_of=self._loss)
@@ -241,7 +242,7 @@ class Supervisor:
         s.history.append(record)
         self.inbox.senders[k] = sorted(w for w, r in reports.items() if r.sent_bytes)
         if s.stop.reason is None:
-            self._decide_next(k, step.loss, step.epoch, elapsed, cost)
+            self._decide_next(k, step.loss, step.epoch, elapsed, cost, self._peer_seconds(reports, measured))
         else:
             s.members = s.upcoming
         watch = stopping.watch(
@@ -269,7 +270,19 @@ class Supervisor:
         # Every worker has applied the steps up to min(applied): their updates can go.
         self.inbox.discard_upto(min(r.applied_upto for r in reports.values()), self.updates)
 
-    def _decide_next(self, k: int, loss: float, epoch: float, elapsed: float, cost_usd: float) -> None:
+    def _peer_seconds(self, reports: dict[int, StepReport], measured: dict[int, WorkerStep]) -> float:
+        """The part of the step the workers spent reading and applying their peers' updates,
+        on the job's clock (the cost guard's step-time model, ``ebb.autotune.tuner``)."""
+        if self.time.fleet:
+            return peer_seconds(measured.values(), self.time.fleet.links)
+        # A worker's "apply" phase adds the step's mean, its own update one of P in it.
+        own = 1.0 / max(1, len(reports))
+        spent = [r.timing.get("read", 0.0) + r.timing.get("apply", 0.0) * (1.0 - own) for r in reports.values()]
+        return sum(spent) / max(1, len(spent))
+
+    def _decide_next(
+        self, k: int, loss: float, epoch: float, elapsed: float, cost_usd: float, peer_s: float | None = None
+    ) -> None:
         """Write step k+1's directive from what step k showed (stop, evict, join, end of round)."""
         s, nxt = self.state, k + 1
         trainers = s.upcoming  # who trains step k+1 and hears its directive
@@ -285,7 +298,7 @@ class Supervisor:
             cost_usd=cost_usd,
             step=k,
         )
-        self.policy.observe(k, elapsed, loss, len(s.members), epoch)
+        self.policy.observe(k, elapsed, loss, len(s.members), epoch, peer_s=peer_s)
         directive = Directive(step=nxt, round=self.round, stop=bool(s.stop.reason))
         if s.stop.reason:
             s.stop.step = nxt

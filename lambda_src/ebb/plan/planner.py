@@ -325,7 +325,9 @@ def make_plan(
                 row["usd_range"] = [lo["usd"], hi["usd"]]
             else:
                 row = predict(spec, model, p, mem, epochs=epochs, **kwargs)
-            rows.append(row)
+            rows.append({**row, "_share": share})
+    for row in rows:
+        row.update(tuner_ceiling(spec, model, row, num_parts=num_parts, cache_share=row.pop("_share")))
     best, objective, why = recommend(rows, max_usd=max_usd, max_seconds=max_seconds)
     return Plan(
         rows=rows,
@@ -337,6 +339,28 @@ def make_plan(
         profiles=[{**r.sample.to_dict(), "host_seconds": round(r.host_seconds, 2)} for r in runs],
         why=why,
     )
+
+
+def tuner_ceiling(
+    spec: JobSpec, model: StepModel, row: dict[str, Any], *, num_parts: int, cache_share: float
+) -> dict[str, Any]:
+    """The auto-tuner's attainable Perf/$ gain for a job started at ``row``'s fleet P: the
+    best Perf/$ over the fleets p ≤ P (down to ``scaling.min_workers``) relative to P's, each
+    doing P's minibatches. That is the progress model of the tuner's cost guard past the
+    knee (``ebb.autotune.tuner``, "Cost guard"): noise-dominated, a step's progress is in
+    proportion to its batch, so a smaller fleet needs P/p the steps (exact under
+    ``sync.combine`` sum; under mean the guard's start, which it then measures). A ceiling:
+    the tuner removes one worker at a time and only after the knee, so it attains less, and
+    below about 1.05 it should not evict at all."""
+    P, mem = int(row["workers"]), int(row["memory_mb"])
+    epochs = row["steps"] * P / num_parts
+    floor = max(1, min(P, spec.scaling.min_workers))
+    ppd = {
+        p: predict(spec, model, p, mem, num_parts=num_parts, epochs=epochs, cache_share=cache_share)["perf_per_dollar"]
+        for p in range(floor, P + 1)
+    }
+    best = max(ppd, key=lambda p: ppd[p])
+    return {"tuner_gain": ppd[best] / ppd[P] if ppd[P] > 0 else 1.0, "tuner_workers": best}
 
 
 def default_profile_sizes(workers: Sequence[int], num_parts: int) -> list[int]:
@@ -357,7 +381,7 @@ def render(plan: Plan, *, target: float | None, epochs: float | None) -> str:
         "lambda_requests": "invoke",
         "step_functions": "sfn",
     }
-    head = f"{'':2}{'P':>3} {'MB':>5} {'steps':>6} {'seconds':>9} {'$':>9} {'Perf/$':>9}  " + " ".join(
+    head = f"{'':2}{'P':>3} {'MB':>5} {'steps':>6} {'seconds':>9} {'$':>9} {'Perf/$':>9} {'tuner≤':>9}  " + " ".join(
         f"{short.get(c, c):>8}" for c in comps
     )
     lines.append(head)
@@ -367,9 +391,14 @@ def render(plan: Plan, *, target: float | None, epochs: float | None) -> str:
         secs = f"{r['seconds']:9.1f}"
         lines.append(
             f"{mark:2}{r['workers']:>3} {r['memory_mb']:>5} {r['steps']:>6} {secs} {r['usd']:9.5f} "
-            f"{r['perf_per_dollar']:9.4g}  " + " ".join(f"{r['usd_by_component'].get(c, 0.0):8.5f}" for c in comps)
+            f"{r['perf_per_dollar']:9.4g} {_ceiling(r):>9}  "
+            + " ".join(f"{r['usd_by_component'].get(c, 0.0):8.5f}" for c in comps)
         )
     lines.append("* on the Pareto front (no other configuration is both sooner and cheaper); > recommended")
+    lines.append(
+        "tuner≤: the most the auto-tuner could gain in Perf/$ started there (the best smaller fleet's, doing the "
+        "same minibatches)"
+    )
     if plan.progress is not None:
         lines.append(
             f"target reached after {plan.progress.units:.2f} one-worker epochs "
@@ -384,6 +413,11 @@ def render(plan: Plan, *, target: float | None, epochs: float | None) -> str:
             f"({plan.why})"
         )
     return "\n".join(lines)
+
+
+def _ceiling(row: dict[str, Any]) -> str:
+    gain = row.get("tuner_gain")
+    return "" if gain is None else f"{gain:.2f}× @{row['tuner_workers']}"
 
 
 def plot(plan: Plan, path: str | Path) -> Path:
