@@ -146,9 +146,9 @@ def _tables(shapes: dict[str, tuple[int, int]], seed: int) -> dict[str, torch.Te
 @pytest.mark.parametrize("case", ["every-row-shared", "rows-not-ascending", "rows-wider-than-64"])
 @pytest.mark.parametrize("combine", ["mean", "sum"])
 def test_rows_merged_across_payloads_or_added_a_block_at_a_time_match_decoding(case, combine):
-    """The kernel merges a table's payloads row by row (each row read once, its payloads
-    added in their order) where every payload's rows ascend and rows are at most 64 wide,
-    else adds payload by payload a block of rows at a time: both give the decoded path's bits."""
+    """Rows every payload shares (each takes its payloads in their order), rows not
+    ascending (the kernel adds them in one block) and rows wider than 64 (the per-entry
+    loop, not the expanded row): the decoded path's bits in each."""
     dim = 70 if case == "rows-wider-than-64" else 21
     shapes = {"item": (60, dim), "bias": (60, 1)}
     base = _tables(shapes, 1)

@@ -604,122 +604,19 @@ APPLY_BODY void add_entry(wire_entry *e, int simd, int64_t dim, int64_t hi, floa
         add_entry_form(e, 0, simd, dim, hi, table, counts, divide, per);
 }
 
-/* One values entry's contribution to its current row (cursor e->r, e->q), added into
- * acc (the row's running value, dim <= 64) and the cursor moved past it: the same float32
- * operations as add_entry_form's on that row, so acc ends with the same bits. */
-APPLY_BODY void add_row_form(wire_entry *e, int form, int simd, int64_t dim, float *acc, float d) {
-    const int64_t r = e->r;
-    const uint8_t *vals = e->vals;
-    const float s = form == W_Q8 ? from_bf16(rd16(e->scales + 2 * r)) : 1.0f;
-    e->r = r + 1;
-    if (!(e->flags & W_MASKED)) {
-        for (int64_t j = 0; j < dim; j++) acc[j] += wire_value(vals, form, r * dim + j, s) / d;
-        return;
-    }
-    const int64_t width = (dim + 7) / 8;
-    const uint8_t *m = e->masks + r * width;
-    int64_t q = e->q;
-    if (e->rows_form) {
-#if defined(__x86_64__)
-        if (simd && form == W_Q8) {
-            e->q = q + q8_row_avx2(acc, m, width, dim, tail_mask_of(dim, width), (const int8_t *)vals + q,
-                                   e->nnz - q, s, d);
-            return;
-        }
-#else
-        (void)simd;
-#endif
-    }
-    uint64_t word = 0;
-    memcpy(&word, m, (size_t)width);
-    if (dim < 64) word &= (UINT64_C(1) << dim) - 1;
-    if (!e->rows_form) { /* single entries: only the set bits */
-        if (d == 1.0f) /* (x / 1 is x: the division skipped, the bits the same) */
-            while (word) {
-                const int j = __builtin_ctzll(word);
-                word &= word - 1;
-                acc[j] += wire_value(vals, form, q++, s);
-            }
-        else
-            while (word) {
-                const int j = __builtin_ctzll(word);
-                word &= word - 1;
-                acc[j] += wire_value(vals, form, q++, s) / d;
-            }
-        e->q = q;
-        return;
-    }
-    float row[64]; /* a whole row: a zero where nothing was carried (-0.0 + 0.0 is +0.0) */
-    const float zero = form == W_Q8 ? 0.0f * s : 0.0f;
-    for (int64_t j = 0; j < dim; j++) row[j] = zero;
-    while (word) {
-        const int j = __builtin_ctzll(word);
-        word &= word - 1;
-        row[j] = wire_value(vals, form, q++, s);
-    }
-    for (int64_t j = 0; j < dim; j++) acc[j] += row[j] / d;
-    e->q = q;
-}
-
-APPLY_BODY void add_row(wire_entry *e, int simd, int64_t dim, float *acc, float d) {
-    if (e->flags & W_Q8)
-        add_row_form(e, W_Q8, simd, dim, acc, d);
-    else if (e->flags & W_F16)
-        add_row_form(e, W_F16, simd, dim, acc, d);
-    else
-        add_row_form(e, 0, simd, dim, acc, d);
-}
-
-/* Add one table's values entries (in contribution order, each one's rows ascending, rows
- * at most 64 wide) by a k-way merge over their row ids: each replica row is read once,
- * every entry holding it adds into a copy in registers (in the entries' order, so the
- * row takes its contributions in the same order and ends with the same bits as adding
- * entry by entry), then written once. */
-APPLY_BODY void merge_table(int simd, wire_entry *const *list, int64_t n, float *table, int64_t dim,
-                            const float *counts, int divide, float per) {
-    float acc[64] __attribute__((aligned(32)));
-    int64_t row = INT64_MAX;
-    for (int64_t i = 0; i < n; i++)
-        if (list[i]->r < list[i]->k && list[i]->idx[list[i]->r] < row) row = list[i]->idx[list[i]->r];
-    while (row != INT64_MAX) {
-        float *t = table + row * dim;
-        const float d = divisor_of(counts, row, divide, per);
-        for (int64_t j = 0; j < dim; j++) acc[j] = t[j];
-        int64_t next = INT64_MAX;
-        for (int64_t i = 0; i < n; i++) {
-            wire_entry *e = list[i];
-            if (e->r >= e->k) continue;
-            if (e->idx[e->r] == row) {
-                if (e->r + AHEAD < e->k) prefetch_row(table, e->idx[e->r + AHEAD], dim);
-                add_row(e, simd, dim, acc, d);
-                if (e->r >= e->k) continue;
-            }
-            next = e->idx[e->r] < next ? e->idx[e->r] : next;
-        }
-        for (int64_t j = 0; j < dim; j++) t[j] = acc[j];
-        row = next;
-    }
-}
-
 static int ascending(const int64_t *idx, int64_t k) {
     for (int64_t r = 1; r < k; r++)
         if (idx[r] <= idx[r - 1]) return 0;
     return 1;
 }
 
-/* Add one table's values entries (in contribution order): merged row by row where every
- * entry's rows ascend and rows are at most 64 wide (merge_table), else a block of rows at
- * a time: the block's rows stay in cache while every contribution adds into them, and
- * each row still takes its contributions in their order. Rows not ascending in some
- * entry: one block. */
+/* Add one table's values entries (in contribution order) a block of rows at a time: the
+ * block's rows stay in cache while every contribution adds into them, and each row still
+ * takes its contributions in their order. Rows not ascending in some entry: one block. */
 APPLY_BODY void add_table(int simd, wire_entry *const *list, int64_t n, float *table, int64_t n_rows, int64_t dim,
                           const float *counts, int divide, float per) {
     int sorted = 1;
     for (int64_t i = 0; i < n && sorted; i++) sorted = ascending(list[i]->idx, list[i]->k);
-    if (sorted && dim <= 64) {
-        merge_table(simd, list, n, table, dim, counts, divide, per);
-        return;
-    }
     const int64_t block = sorted ? (BLOCK_BYTES / (int64_t)sizeof(float) + dim - 1) / dim : n_rows;
     for (int64_t lo = 0; lo < n_rows; lo += block) {
         const int64_t hi = lo + block < n_rows ? lo + block : n_rows;
