@@ -136,3 +136,43 @@ def test_without_the_kernels_apply_wire_falls_back_to_decoding(monkeypatch):
     RowMean(without).apply_wire(without, sources)
     _same_bits(with_kernels, without)
     assert np.isfinite(without["user"].numpy()).all()
+
+
+def _tables(shapes: dict[str, tuple[int, int]], seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(*shape, generator=g) for n, shape in shapes.items()}
+
+
+@pytest.mark.parametrize("case", ["every-row-shared", "rows-not-ascending", "rows-wider-than-64"])
+@pytest.mark.parametrize("combine", ["mean", "sum"])
+def test_rows_merged_across_payloads_or_added_a_block_at_a_time_match_decoding(case, combine):
+    """Rows every payload shares (each takes its payloads in their order), rows not
+    ascending (the kernel adds them in one block) and rows wider than 64 (the per-entry
+    loop, not the expanded row): the decoded path's bits in each."""
+    dim = 70 if case == "rows-wider-than-64" else 21
+    shapes = {"item": (60, dim), "bias": (60, 1)}
+    base = _tables(shapes, 1)
+    g = torch.Generator().manual_seed(9)
+    sources: list = []
+    for w in range(6):
+        if case == "every-row-shared":
+            idx = torch.arange(60)
+        else:
+            idx = torch.randperm(60, generator=g)[:45]
+            if case != "rows-not-ascending":
+                idx = idx.sort().values
+        vals = 0.05 * torch.randn(idx.numel(), dim, generator=g)
+        vals[torch.rand(vals.shape, generator=g) < (0.9 if w % 3 == 2 else 0.2)] = 0.0
+        upd = RowUpdate({"item": (idx, vals), "bias": (idx, 0.05 * torch.randn(idx.numel(), 1, generator=g))})
+        if w == 1:
+            sources.append(upd)
+        elif w % 2:
+            sources.append(upd.encode())
+        else:
+            filt = SignificanceFilter(base, threshold=[0.05, 0.5, 1.5][w // 2], quantize=w != 4)
+            sources.append(filt(upd, base, 0).encode())
+    fast, slow = _tables(shapes, 0), _tables(shapes, 0)
+    RowMean(fast, combine).apply_wire(fast, list(sources))
+    RowMean(slow, combine).apply(slow, [s if isinstance(s, RowUpdate) else RowUpdate.decode(s) for s in sources])
+    _same_bits(fast, slow)
+    assert not torch.equal(fast["item"], _tables(shapes, 0)["item"])
