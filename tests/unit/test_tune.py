@@ -208,3 +208,40 @@ def test_tpe_after_qmc_draws_no_earlier_point_again():
     drive(search, trials)
     lrs = [t.params["hyper.lr"] for t in search.trials]
     assert len(set(lrs)) == len(lrs) == 12
+
+
+def test_the_first_trial_trains_the_settings_the_search_started_from():
+    """from_base: trial 0 is the base job (fields outside the space's ranges, or unset, are
+    sampled); the others are sampled, and a resumed search keeps it."""
+    search, trials = Search(_spec(), start={"hyper.lr": 0.03, "hyper.rank": 20}), FakeTrials()
+    drive(search, trials, stop_after=4)
+    assert search.trials[0].params == {"hyper.lr": 0.03, "hyper.rank": 20}
+    assert len({t.params["hyper.lr"] for t in search.trials}) == len(search.trials)
+    resumed = Search(_spec(), search.state_dict())
+    assert resumed.first == {"hyper.lr": 0.03, "hyper.rank": 20}
+    partial = Search(_spec(), start={"hyper.rank": 10})
+    partial.next_job()
+    assert partial.trials[0].params["hyper.rank"] == 10 and 0.002 <= partial.trials[0].params["hyper.lr"] <= 0.2
+
+
+def test_the_start_point_is_the_base_job_as_it_would_train(small_ratings):
+    """PMF's l2 is set by the data when the job leaves it out: the start point carries the
+    value the job would train with; a value outside its range is left to the sampler."""
+    from ebb.models import auto_hyper
+    from ebb.ports.manifest import load_manifest
+    from ebb.spec import parse_spec
+    from ebb.stores.local import FolderObjectStore
+    from ebb.tune.space import start_point
+
+    data, _ = small_ratings
+    manifest = load_manifest(FolderObjectStore(data), data)
+    base = parse_spec({"model": "pmf", "data": data, "hyper": {"lr": 0.5}}, "job")
+    space = {
+        "hyper.lr": {"log_uniform": [0.005, 0.08]},
+        "hyper.l2": {"log_uniform": [0.01, 0.3]},
+        "hyper.optimizer": {"choice": ["sgd_momentum", "adam"]},
+        "hyper.rank": {"choice": [10, 20, 40]},
+    }
+    point = start_point(_spec(space=space), base, manifest)
+    assert point == {"hyper.l2": auto_hyper("pmf", manifest)["l2"], "hyper.optimizer": "adam", "hyper.rank": 20}
+    assert start_point(_spec(space=space, from_base=False), base, manifest) == {}

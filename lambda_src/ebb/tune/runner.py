@@ -26,7 +26,7 @@ from typing import Any
 
 from ebb.spec import JobSpec, load_spec
 from ebb.tune.scheduler import Job, Outcome, Search, Trial
-from ebb.tune.space import TuneSpec
+from ebb.tune.space import TuneSpec, start_point
 from ebb.tune.trial import TRIAL_SPEC, close, last_rung_passes, outcome
 
 STATE = "tune_state.json"
@@ -109,8 +109,11 @@ class LocalTune:
             preflight(base, open_object_store(base.data))
         except (PreflightError, OSError, ValueError) as exc:
             raise TuneError(str(exc)) from None
+        from ebb.ports.manifest import load_manifest
+
+        manifest = load_manifest(open_object_store(base.data), base.data)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.search = Search(self.tspec)
+        self.search = Search(self.tspec, start=start_point(self.tspec, base, manifest))
 
     def _save(self, wall: float) -> None:
         state = {

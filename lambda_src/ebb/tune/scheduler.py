@@ -69,7 +69,7 @@ class Outcome:
 class Search:
     """ASHA over ``spec.rungs()`` with Optuna sampling new trials and a total $ budget."""
 
-    def __init__(self, spec: TuneSpec, state: dict[str, Any] | None = None):
+    def __init__(self, spec: TuneSpec, state: dict[str, Any] | None = None, start: dict[str, Any] | None = None):
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -81,6 +81,7 @@ class Search:
         self._asked: dict[int, Any] = {}  # trial id -> its live Optuna trial (sampled in this process)
         self._running: dict[int, Job] = {}
         self._by_kind: dict[str, Any] | None = None  # the samplers, made once the state is loaded
+        self.first = dict(start or {})  # the first trial's settings (space.start_point)
         if state:
             self._load(state)
 
@@ -125,6 +126,8 @@ class Search:
     def _sample(self) -> dict[str, Any]:
         told = sum(1 for t in self.trials if 0 in t.scores)
         self.study.sampler = self._sampler(told)
+        if not self.trials and self.first:  # the fields it leaves out are sampled
+            self.study.enqueue_trial(self.first)
         trial = self.study.ask(self.distributions)
         params = dict(trial.params)
         self._asked[len(self.trials)] = trial
@@ -276,6 +279,7 @@ class Search:
         return {
             "trials": [{**asdict(t), "scores": {str(k): v for k, v in t.scores.items()}} for t in self.trials],
             "launches": self.launches,
+            "first": self.first,
             # The QMC sampler's place in its sequence (a resumed search draws new points, not the same again).
             "sampler_attrs": self.study._storage.get_study_system_attrs(self.study._study_id),
         }
@@ -287,6 +291,7 @@ class Search:
             if 0 in t.scores and math.isfinite(t.scores[0]):
                 self._tell(t, t.scores[0])
         self.launches = list(state.get("launches", []))
+        self.first = dict(state.get("first") or self.first)
         for key, value in state.get("sampler_attrs", {}).items():
             # (Optuna has no public setter for a study's system attributes since 3.1.)
             self.study._storage.set_study_system_attr(self.study._study_id, key, value)

@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ebb.spec import HyperParams, SpecError, SyncSpec
+from ebb.spec import HyperParams, JobSpec, SpecError, SyncSpec
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
+
+    from ebb.ports.manifest import Manifest
 
 KINDS = ("log_uniform", "uniform", "choice")
 TUNABLE = {"hyper": HyperParams, "sync": SyncSpec}  # the sections a space may reach
@@ -135,6 +137,11 @@ class TuneSpec(BaseModel):
         None, ge=1, description="CPU budget: running trials' workers together (default: this machine's cores)"
     )
     seed: int = Field(0, description="the sampler's seed")
+    from_base: bool = Field(
+        True,
+        description="the first trial trains the base job's own settings (its values, else the model's "
+        "defaults), so the best trial is never worse on validation than the job the search started from",
+    )
     space: dict[str, Param] = Field(default_factory=dict, description="field: distribution")
 
     @field_validator("space", mode="before")
@@ -246,3 +253,27 @@ def split_job_file(path: str | None) -> tuple[dict[str, Any] | None, str | None]
     if section is not None and not isinstance(section, dict):
         raise SpecError(f"{path}: tune: write a section of fields (trials, budget_usd, space, ...)")
     return section, yaml.safe_dump(doc, sort_keys=False)
+
+
+def start_point(spec: TuneSpec, base: JobSpec, manifest: Manifest) -> dict[str, Any]:
+    """The base job's values of the searched fields, as it would train (hyper-parameters the
+    data sets, such as PMF's l2, resolved from ``manifest``), where they lie inside their
+    distributions: the search's first trial (``from_base``). Empty when ``from_base`` is off."""
+    if not spec.from_base:
+        return {}
+    from ebb.models import resolve_hyper
+
+    sections = {"hyper": resolve_hyper(base.model, manifest, base.hyper), "sync": base.sync}
+    point: dict[str, Any] = {}
+    for field, dist in spec.distributions().items():
+        section, _, leaf = field.partition(".")
+        value = getattr(sections[section], leaf)
+        if value is None:
+            continue
+        try:
+            inside = dist._contains(dist.to_internal_repr(value))
+        except (ValueError, TypeError):
+            inside = False
+        if inside:
+            point[field] = value
+    return point

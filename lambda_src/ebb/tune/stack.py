@@ -32,7 +32,7 @@ from ebb.spec import JobSpec, SpecError, parse_spec
 from ebb.stores import open_object_store
 from ebb.tune.runner import BEST_FILES, tune_result
 from ebb.tune.scheduler import Job, Outcome, Search
-from ebb.tune.space import TuneSpec
+from ebb.tune.space import TuneSpec, start_point
 from ebb.tune.trial import TRIAL_SPEC, last_rung_passes, outcome
 
 STATE_FILE = "state.json"
@@ -104,10 +104,14 @@ class StackTune:
         if not isinstance(base, dict):
             raise TuneInputError("job: the base job spec (a mapping of fields) is missing")
         try:
-            parse_spec(base, "job")  # the base job must be valid before any trial starts
+            spec = parse_spec(base, "job")  # the base job must be valid before any trial starts
         except SpecError as exc:
             raise TuneInputError(str(exc)) from None
-        return cls(config, tune_id, tspec, base, Search(tspec))
+        from ebb.ports.manifest import load_manifest
+
+        spec = normalise_for_aws(spec, config, trial_job_id(tune_id, 0))
+        manifest = load_manifest(open_object_store(spec.data), spec.data)
+        return cls(config, tune_id, tspec, base, Search(tspec, start=start_point(tspec, spec, manifest)))
 
     def save(self) -> None:
         state = {
