@@ -140,7 +140,7 @@ class TuneSpec(BaseModel):
     from_base: bool = Field(
         True,
         description="the first trial trains the base job's own settings (its values, else the model's "
-        "defaults), so the best trial is never worse on validation than the job the search started from",
+        "defaults): the search weighs every other trial against where it started",
     )
     space: dict[str, Param] = Field(default_factory=dict, description="field: distribution")
 
