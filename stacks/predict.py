@@ -25,7 +25,7 @@ from constructs import Construct
 
 from ebb.ports import deployment as names
 from ebb.ports.deployment import INLINE_MAP_LIMIT
-from stacks.workflow import _nag, _UnlimitedMap, lambda_task
+from stacks.workflow import _nag, _UnlimitedMap, lambda_task, task_state_machine
 
 _RUN_FIELDS = ("run", "model", "input", "with_labels", "skip_bad_rows", "recommend", "users", "exclude_seen")
 
@@ -88,34 +88,14 @@ class PredictWorkflow(Construct):
         manifest.next(sfn.Succeed(self, "Predicted"))
 
         stack = Stack.of(self)
-        log_group = logs.LogGroup(
+        self.state_machine = task_state_machine(
             self,
-            "ExecutionLogs",
-            log_group_name=f"/aws/vendedlogs/states/{stack.stack_name}-predict",
-            retention=log_retention,
+            plan.next(self.map_state).next(manifest),
+            function=function,
+            log_suffix="predict",
+            log_retention=log_retention,
             removal_policy=removal_policy,
-        )
-        self.state_machine = sfn.StateMachine(
-            self,
-            "StateMachine",
-            definition_body=sfn.DefinitionBody.from_chainable(plan.next(self.map_state).next(manifest)),
-            state_machine_type=sfn.StateMachineType.STANDARD,
-            tracing_enabled=True,
-            logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=True),
             comment="Ebb: score a file or recommend items with a trained model, in shards (docs/AWS.md)",
-        )
-        Validations.of(self.state_machine).acknowledge(
-            Acknowledgment(
-                id=f"AwsSolutions-IAM5[Resource::<{stack.get_logical_id(function.node.default_child)}.Arn>:*]",
-                reason="CDK's invoke grant covers the predict function's versions and aliases (ARN:qualifier).",
-            )
-        )
-        Validations.of(self.state_machine).acknowledge(
-            Acknowledgment(
-                id="AwsSolutions-IAM5[Resource::*]",
-                reason="X-Ray's PutTraceSegments/PutTelemetryRecords and CloudWatch Logs' vended log delivery actions "
-                "accept no resource scope.",
-            )
         )
         distributed_policy = self.state_machine.node.try_find_child("DistributedMapPolicy")
         if distributed_policy is not None:  # as the training workflow's (stacks/workflow.py)

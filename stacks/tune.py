@@ -28,7 +28,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from ebb.ports import deployment as names
-from stacks.workflow import _nag, lambda_task
+from stacks.workflow import _nag, lambda_task, task_state_machine
 
 _TUNE_ID = {"tune_id.$": "$$.Execution.Name"}
 
@@ -107,34 +107,14 @@ class TuneWorkflow(Construct):
         definition = ask.next(done)
 
         stack = Stack.of(self)
-        log_group = logs.LogGroup(
+        self.state_machine = task_state_machine(
             self,
-            "ExecutionLogs",
-            log_group_name=f"/aws/vendedlogs/states/{stack.stack_name}-tune",
-            retention=log_retention,
+            definition,
+            function=function,
+            log_suffix="tune",
+            log_retention=log_retention,
             removal_policy=removal_policy,
-        )
-        self.state_machine = sfn.StateMachine(
-            self,
-            "StateMachine",
-            definition_body=sfn.DefinitionBody.from_chainable(definition),
-            state_machine_type=sfn.StateMachineType.STANDARD,
-            tracing_enabled=True,
-            logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=True),
             comment="Ebb: search hyper-parameters, each trial's rungs nested executions of the training machine",
-        )
-        Validations.of(self.state_machine).acknowledge(
-            Acknowledgment(
-                id=f"AwsSolutions-IAM5[Resource::<{stack.get_logical_id(function.node.default_child)}.Arn>:*]",
-                reason="CDK's invoke grant covers the tune function's versions and aliases (ARN:qualifier).",
-            )
-        )
-        Validations.of(self.state_machine).acknowledge(
-            Acknowledgment(
-                id="AwsSolutions-IAM5[Resource::*]",
-                reason="X-Ray's PutTraceSegments/PutTelemetryRecords and CloudWatch Logs' vended log delivery actions "
-                "accept no resource scope.",
-            )
         )
         # CDK's grant for startExecution.sync: describe and stop the training machine's executions
         # (whose ARNs exist only at run time), spelt by cdk-nag with the machine's name.

@@ -296,6 +296,52 @@ def lambda_task(
     return task
 
 
+def task_state_machine(
+    scope: Construct,
+    definition: sfn.IChainable,
+    *,
+    function: lambda_.IFunction,
+    log_suffix: str,
+    log_retention: logs.RetentionDays,
+    removal_policy: RemovalPolicy,
+    comment: str,
+) -> sfn.StateMachine:
+    """A Standard state machine driving one Lambda ``function`` (Predict, Tune): traced, its
+    executions logged to ``/aws/vendedlogs/states/<stack>-<log_suffix>``, and cdk-nag told
+    why the role CDK writes for it has the two wildcard resources it must have."""
+    stack = Stack.of(scope)
+    log_group = logs.LogGroup(
+        scope,
+        "ExecutionLogs",
+        log_group_name=f"/aws/vendedlogs/states/{stack.stack_name}-{log_suffix}",
+        retention=log_retention,
+        removal_policy=removal_policy,
+    )
+    machine = sfn.StateMachine(
+        scope,
+        "StateMachine",
+        definition_body=sfn.DefinitionBody.from_chainable(definition),
+        state_machine_type=sfn.StateMachineType.STANDARD,
+        tracing_enabled=True,
+        logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=True),
+        comment=comment,
+    )
+    Validations.of(machine).acknowledge(
+        Acknowledgment(
+            id=f"AwsSolutions-IAM5[Resource::<{stack.get_logical_id(function.node.default_child)}.Arn>:*]",
+            reason=f"CDK's invoke grant covers the {log_suffix} function's versions and aliases (ARN:qualifier).",
+        )
+    )
+    Validations.of(machine).acknowledge(
+        Acknowledgment(
+            id="AwsSolutions-IAM5[Resource::*]",
+            reason="X-Ray's PutTraceSegments/PutTelemetryRecords and CloudWatch Logs' vended log delivery actions "
+            "accept no resource scope.",
+        )
+    )
+    return machine
+
+
 def execution_log_group_name(stack_name: str) -> str:
     """The state machine's execution log group (README "Logs")."""
     return f"/aws/vendedlogs/states/{stack_name}-executions"
