@@ -228,38 +228,49 @@ class Dashboard(Construct):
         )
 
 
+def _summed(dimension: str, name: str, label: str, seconds: int) -> cw.MathExpression:
+    """Metric ``name`` summed over every value of ``dimension`` (a SEARCH: one series per
+    run or search, however many there are)."""
+    return cw.MathExpression(
+        expression=f"SUM(SEARCH('{{{METRICS_NAMESPACE},{dimension}}} MetricName=\"{name}\"', 'Sum', {seconds}))",
+        label=label,
+        period=PERIOD,
+    )
+
+
+def _runs_graph(title: str, machine: sfn.StateMachine, graph: dict) -> cw.GraphWidget:
+    """A state machine's executions started, succeeded and failed."""
+    return cw.GraphWidget(
+        title=title,
+        statistic="Sum",
+        left=[
+            machine.metric_started(label="started", period=PERIOD),
+            machine.metric_succeeded(label="succeeded", period=PERIOD),
+            machine.metric_failed(label="failed", period=PERIOD),
+        ],
+        **graph,
+    )
+
+
 def _predict_widgets(machine: sfn.StateMachine, graph: dict) -> list[cw.IWidget]:
     """`ebb predict --stack`: rows scored and skipped (bad rows) per minute over every run
     (SEARCH over the PredictRun dimension), and the Predict executions."""
-
-    def every_run(name: str, label: str) -> cw.MathExpression:
-        return cw.MathExpression(
-            expression=f"SUM(SEARCH('{{{METRICS_NAMESPACE},{PREDICT_DIMENSION}}} MetricName=\"{name}\"', 'Sum', 60))",
-            label=label,
-            period=PERIOD,
-        )
-
     return [
         cw.TextWidget(markdown="## Predicting", width=24, height=1),
-        cw.GraphWidget(title="Rows scored (per minute)", left=[every_run("RowsScored", "rows scored")], **graph),
+        cw.GraphWidget(
+            title="Rows scored (per minute)",
+            left=[_summed(PREDICT_DIMENSION, "RowsScored", "rows scored", 60)],
+            **graph,
+        ),
         cw.GraphWidget(
             title="Predict errors",
             left=[
-                every_run("RowsSkipped", "bad rows skipped"),
+                _summed(PREDICT_DIMENSION, "RowsSkipped", "bad rows skipped", 60),
                 machine.metric_failed(label="failed runs", period=PERIOD, statistic="Sum"),
             ],
             **graph,
         ),
-        cw.GraphWidget(
-            title="Predict runs",
-            statistic="Sum",
-            left=[
-                machine.metric_started(label="started", period=PERIOD),
-                machine.metric_succeeded(label="succeeded", period=PERIOD),
-                machine.metric_failed(label="failed", period=PERIOD),
-            ],
-            **graph,
-        ),
+        _runs_graph("Predict runs", machine, graph),
     ]
 
 
@@ -267,19 +278,14 @@ def _tune_widgets(machine: sfn.StateMachine, graph: dict) -> list[cw.IWidget]:
     """`ebb tune --stack`: trials started and finished over every search, each search's best
     validation (the metrics the tune function puts, SEARCH over the TuneId dimension), and
     the Tune executions."""
-
-    def every_tune(name: str, label: str) -> cw.MathExpression:
-        return cw.MathExpression(
-            expression=f"SUM(SEARCH('{{{METRICS_NAMESPACE},{TUNE_DIMENSION}}} MetricName=\"{name}\"', 'Sum', 300))",
-            label=label,
-            period=PERIOD,
-        )
-
     return [
         cw.TextWidget(markdown="## Tuning", width=24, height=1),
         cw.GraphWidget(
             title="Trials",
-            left=[every_tune("TrialsStarted", "started"), every_tune("TrialsFinished", "finished")],
+            left=[
+                _summed(TUNE_DIMENSION, "TrialsStarted", "started", 300),
+                _summed(TUNE_DIMENSION, "TrialsFinished", "finished", 300),
+            ],
             **graph,
         ),
         cw.GraphWidget(
@@ -294,16 +300,7 @@ def _tune_widgets(machine: sfn.StateMachine, graph: dict) -> list[cw.IWidget]:
             ],
             **graph,
         ),
-        cw.GraphWidget(
-            title="Tune runs",
-            statistic="Sum",
-            left=[
-                machine.metric_started(label="started", period=PERIOD),
-                machine.metric_succeeded(label="succeeded", period=PERIOD),
-                machine.metric_failed(label="failed", period=PERIOD),
-            ],
-            **graph,
-        ),
+        _runs_graph("Tune runs", machine, graph),
     ]
 
 
