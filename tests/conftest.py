@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from ebb.data.prepare import prepare_dataset
-from ebb.data.synth import synth_logistic, synth_ratings
+from ebb.data.synth import synth_logistic
 from ebb.local.redis_server import RedisServer
 from ebb.stores.local import FolderObjectStore
+from tests.helpers.data import planted_ratings
 
 torch.set_num_threads(1)
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
@@ -65,17 +66,9 @@ def redis_url(redis_server) -> str:
 def small_ratings(tmp_path_factory):
     """A prepared planted-rank ratings dataset small enough for engine tests (and its meta)."""
     root = tmp_path_factory.mktemp("ratings")
-    meta = synth_ratings(root / "ratings.csv", users=300, items=200, ratings=24_000, rank=5, noise=0.3, seed=7)
-    prepare_dataset(
-        "movielens",
-        root / "ratings.csv",
-        FolderObjectStore(root / "prepared"),
-        batch_size=1000,
-        test_fraction=0.1,
-        seed=1,
-        val_fraction=0.0,
+    return planted_ratings(
+        root, users=300, items=200, ratings=24_000, rank=5, noise=0.3, seed=7, batch_size=1000, val_fraction=0.0
     )
-    return str(root / "prepared"), meta
 
 
 @pytest.fixture(scope="session")

@@ -17,11 +17,10 @@ import time
 import pytest
 
 from ebb.cli import main
-from ebb.data.prepare import prepare_dataset
-from ebb.data.synth import synth_ratings
 from ebb.ports import deployment as names
 from ebb.stores import aws_clients
 from ebb.stores.local import FolderObjectStore
+from tests.helpers.data import planted_ratings
 from tests.infra.test_rehearsal import (
     JOB,
     START_DEADLINE_S,
@@ -43,12 +42,11 @@ def aws(default, small_ratings, tmp_path_factory):
     compared on it)."""
     with stood_up(rehearsal_template(default), tmp_path_factory.mktemp("cache"), small_ratings[0]) as aws:
         root = tmp_path_factory.mktemp("tune-data")
-        synth_ratings(root / "ratings.csv", users=150, items=100, ratings=4000, rank=3, noise=0.3, seed=4)
-        prepared = FolderObjectStore(root / "prepared")
-        prepare_dataset("movielens", root / "ratings.csv", prepared, batch_size=500, test_fraction=0.1, seed=1)
+        data, _ = planted_ratings(root, users=150, items=100, ratings=4000, rank=3, noise=0.3, seed=4, batch_size=500)
+        prepared = FolderObjectStore(data)
         for key in prepared.list():
             aws.s3.put_object(Bucket=aws.bucket, Key=f"datasets/tune/{key}", Body=prepared.get(key))
-        aws.tune_data = str(root / "prepared")  # for `ebb tune --stack`, which uploads it
+        aws.tune_data = data  # for `ebb tune --stack`, which uploads it
         yield aws
 
 

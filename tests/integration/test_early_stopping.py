@@ -8,14 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from ebb.data.prepare import prepare_dataset
-from ebb.data.synth import synth_ratings
 from ebb.engine.parts import PartCache
 from ebb.local.runner import run_local
 from ebb.models import build_model
 from ebb.ports.manifest import load_manifest
 from ebb.spec import load_spec
 from ebb.stores.local import FolderObjectStore
+from tests.helpers.data import planted_ratings
 
 
 @pytest.fixture(scope="module")
@@ -23,17 +22,9 @@ def sparse_ratings(tmp_path_factory):
     """Few ratings per user and item, a validation split: a rank-16 model without
     regularisation overfits it within a few epochs."""
     root = tmp_path_factory.mktemp("overfit")
-    synth_ratings(root / "r.csv", users=300, items=200, ratings=9000, rank=3, noise=0.4, seed=11)
-    prepare_dataset(
-        "movielens",
-        root / "r.csv",
-        FolderObjectStore(root / "ds"),
-        batch_size=500,
-        test_fraction=0.1,
-        val_fraction=0.1,
-        seed=2,
-    )
-    return str(root / "ds")
+    return planted_ratings(
+        root, users=300, items=200, ratings=9000, rank=3, noise=0.4, seed=11, batch_size=500, split_seed=2
+    )[0]
 
 
 def _spec(data, out, **fields):

@@ -17,11 +17,10 @@ import numpy as np
 import psutil
 import pytest
 
-from ebb.data.prepare import prepare_dataset
-from ebb.data.synth import synth_ratings
 from ebb.local.runner import JobFailed, run_local
 from ebb.spec import SpecError, load_spec
 from ebb.stores.local import FolderObjectStore
+from tests.helpers.data import planted_ratings
 
 
 def _spec(data_dir, out, **fields):
@@ -255,20 +254,11 @@ def test_an_external_redis_that_does_not_come_back_fails_the_job_in_one_line(sma
 def test_32_workers_for_200_steps(tmp_path):
     """A load test: 32 worker processes on this machine's cores, no deadlock; the report says
     how long the supervisor spends on each step."""
-    synth_ratings(tmp_path / "r.csv", users=400, items=300, ratings=12_000, rank=4, noise=0.3, seed=5)
-    prepare_dataset(
-        "movielens",
-        tmp_path / "r.csv",
-        FolderObjectStore(tmp_path / "ds"),
-        batch_size=100,
-        test_fraction=0.1,
-        seed=1,
-        val_fraction=0.0,
+    data, _ = planted_ratings(
+        tmp_path, users=400, items=300, ratings=12_000, rank=4, noise=0.3, seed=5, batch_size=100, val_fraction=0.0
     )
-    parts = len(json.loads((tmp_path / "ds" / "manifest.json").read_text())["train"]["parts"])
-    spec = _spec(
-        str(tmp_path / "ds"), tmp_path / "out", workers=32, **{"hyper.rank": 4, "stop.max_epochs": 200 * 32 / parts}
-    )
+    parts = len(json.loads((Path(data) / "manifest.json").read_text())["train"]["parts"])
+    spec = _spec(data, tmp_path / "out", workers=32, **{"hyper.rank": 4, "stop.max_epochs": 200 * 32 / parts})
     report, _ = run_local(spec)
     assert report["status"] == "max_epochs" and report["steps"] == 200 and report["workers"]["final"] == 32
     handling = report["supervisor_ms_per_step"]

@@ -16,27 +16,16 @@ import numpy as np
 import psutil
 import pytest
 
-from ebb.data.prepare import prepare_dataset
-from ebb.data.synth import synth_ratings
 from ebb.local.runner import run_local
 from ebb.spec import JobSpec
-from ebb.stores.local import FolderObjectStore
+from tests.helpers.data import planted_ratings
 
 
 @pytest.fixture(scope="module")
 def tiny_ratings(tmp_path_factory):
     """Planted ratings with a validation split: 10 train parts, so an epoch is 10 steps."""
     root = tmp_path_factory.mktemp("tune-ratings")
-    synth_ratings(root / "ratings.csv", users=300, items=200, ratings=12_500, rank=5, noise=0.3, seed=7)
-    prepare_dataset(
-        "movielens",
-        root / "ratings.csv",
-        FolderObjectStore(root / "prepared"),
-        batch_size=1000,
-        test_fraction=0.1,
-        seed=1,
-    )
-    return str(root / "prepared")
+    return planted_ratings(root, users=300, items=200, ratings=12_500, rank=5, noise=0.3, seed=7, batch_size=1000)[0]
 
 
 def _ebb(*args: str, **kw) -> subprocess.Popen:
