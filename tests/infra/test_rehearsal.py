@@ -165,6 +165,20 @@ def _train_parts(aws, data: str) -> list[str]:
     return [p["key"] for p in json.loads(_stored(aws, f"{data}/manifest.json"))["train"]["parts"]]
 
 
+def _stop_once_training(aws, arn: str, job: str) -> None:
+    """Stop execution ``arn`` once ``job`` has trained 3 steps, hand the status change to the
+    stopped-execution rule's target (OnFailure) as AWS does at once, and wait for every
+    invocation of the job to return."""
+    deadline = time.monotonic() + START_DEADLINE_S
+    while not (progress := _progress(aws, job)) or progress.get("step", 0) < 3:
+        assert time.monotonic() < deadline, "the job did not start training"
+        time.sleep(0.2)
+    aws.sfn.stop_execution(executionArn=arn)
+    for delivery in aws.running.execution_status_changed(arn, "ABORTED"):
+        delivery.join(timeout=60)
+    _all_return(aws, job)
+
+
 def _all_return(aws, job: str) -> float:
     """Seconds until every invocation of `job` has returned (none is stopped for it); fails past
     ORPHAN_DEADLINE_S."""
@@ -331,15 +345,7 @@ def test_a_stopped_execution_stops_its_invocations(aws):
             "faults": {"worker_timeout_s": 2},
         },
     )
-    deadline = time.monotonic() + START_DEADLINE_S
-    while not (progress := _progress(aws, job)) or progress.get("step", 0) < 3:
-        assert time.monotonic() < deadline, "the job did not start training"
-        time.sleep(0.2)
-    aws.sfn.stop_execution(executionArn=arn)
-    # AWS emits the status change at once; the rule's target, OnFailure, runs.
-    for delivery in aws.running.execution_status_changed(arn, "ABORTED"):
-        delivery.join(timeout=60)
-    _all_return(aws, job)
+    _stop_once_training(aws, arn, job)
     (handed,) = [c for c in _of_job(aws.runtime.of("on_failure"), job) if c.event["failed_state"] == "Execution"]
     assert handed.result == {"status": "failed", "report_key": f"s3://{aws.bucket}/jobs/{job}/report.json"}
     (supervisor,) = _of_job(aws.runtime.of("supervisor"), job)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import pytest
 
@@ -23,12 +22,11 @@ from ebb.stores.local import FolderObjectStore
 from tests.helpers.data import planted_ratings
 from tests.infra.test_rehearsal import (
     JOB,
-    START_DEADLINE_S,
-    _all_return,
     _entered,
     _of_job,
     _progress,
     _start,
+    _stop_once_training,
     _stored,
     _wait,
     rehearsal_template,
@@ -88,14 +86,7 @@ def test_a_stopped_trial_execution_stops_the_job_its_input_names(aws):
     spec = {**JOB, "data": "datasets/ml", "round_steps": None, "stop": {"max_epochs": 10_000},
             "faults": {"worker_timeout_s": 2}, "job_id": job}  # fmt: skip
     arn = _start(aws, f"{job}-r0", spec)
-    deadline = time.monotonic() + START_DEADLINE_S
-    while not (progress := _progress(aws, job)) or progress.get("step", 0) < 3:
-        assert time.monotonic() < deadline, "the job did not start training"
-        time.sleep(0.2)
-    aws.sfn.stop_execution(executionArn=arn)
-    for delivery in aws.running.execution_status_changed(arn, "ABORTED"):
-        delivery.join(timeout=60)
-    _all_return(aws, job)
+    _stop_once_training(aws, arn, job)
     (handed,) = [c for c in aws.runtime.of("on_failure") if c.event.get("job_id") == f"{job}-r0"]
     assert handed.result == {"status": "failed", "report_key": f"s3://{aws.bucket}/jobs/{job}/report.json"}
     (supervisor,) = _of_job(aws.runtime.of("supervisor"), job)
