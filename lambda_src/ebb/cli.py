@@ -49,12 +49,9 @@ class _Renamed(argparse.Action):
 def _add_job_flags(p) -> None:
     """The flags that override fields of a job file (``ebb train`` and ``ebb submit``),
     generated from the spec's fields (``ebb.flags``)."""
-    from ebb.flags import JOB_FLAGS, add_flags, add_set
-    from ebb.spec import JobSpec
+    from ebb.flags import JOB_FLAGS, add_job_arguments
 
-    p.add_argument("job", nargs="?", help="job file (YAML); `ebb spec` prints every field")
-    add_flags(p, JobSpec, JOB_FLAGS, required=False)
-    add_set(p)
+    add_job_arguments(p, JOB_FLAGS)
     p.add_argument("--target-test", action=_Renamed, renamed_to="--target-val")
 
 

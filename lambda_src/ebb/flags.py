@@ -175,3 +175,17 @@ def defaults_shown(parser: argparse.ArgumentParser) -> Mapping[str, str]:
 
 def job_field(dotted: str) -> FieldInfo:
     return field_info(JobSpec, dotted)
+
+
+def add_job_arguments(
+    parser: argparse.ArgumentParser,
+    flags: Iterable[Flag],
+    job_help: str = "job file (YAML); `ebb spec` prints every field",
+) -> None:
+    """What every command that runs a job takes: the job file, the flags that override its
+    fields (none required: the file or the spec's defaults may give them) and ``--set``."""
+    from ebb.spec import JobSpec
+
+    parser.add_argument("job", nargs="?", help=job_help)
+    add_flags(parser, JobSpec, flags, required=False)
+    add_set(parser)

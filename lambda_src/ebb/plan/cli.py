@@ -37,8 +37,7 @@ def _ints(text: str) -> list[int]:
 
 def add_plan(sub) -> None:
     """Register ``ebb plan``."""
-    from ebb.flags import JOB_FLAGS, LOCAL_FLAGS, add_flags, add_set
-    from ebb.spec import JobSpec
+    from ebb.flags import JOB_FLAGS, LOCAL_FLAGS, add_job_arguments
 
     p = sub.add_parser(
         "plan",
@@ -48,10 +47,8 @@ def add_plan(sub) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("job", nargs="?", help="job file (YAML); `ebb spec` prints every field")
     flags = [f for f in JOB_FLAGS + LOCAL_FLAGS if f.field not in _OWN and f.field not in ("redis_urls", "clock.kind")]
-    add_flags(p, JobSpec, flags, required=False)
-    add_set(p)
+    add_job_arguments(p, flags)
     p.add_argument("--workers", type=_ints, default=None, help="fleet sizes to predict (default 1,2,4,8,16,32,64)")
     p.add_argument("--memory", type=_ints, default=None, help="Lambda memory sizes, MB (default: the job's)")
     p.add_argument("--epochs", type=float, default=None, help="plan for this many passes over the data")

@@ -44,8 +44,7 @@ the leaderboard and the best trial under s3://<bucket>/tunes/<tune>/ (docs/AWS.m
 
 
 def add_tune(sub) -> None:
-    from ebb.flags import add_flags, add_set
-    from ebb.spec import JobSpec
+    from ebb.flags import add_flags, add_job_arguments
     from ebb.tune.space import TuneSpec
 
     p = sub.add_parser(
@@ -56,9 +55,7 @@ def add_tune(sub) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("job", nargs="?", help="job file (YAML), with an optional tune: section")
-    add_flags(p, JobSpec, TUNE_JOB_FLAGS, required=False)
-    add_set(p)
+    add_job_arguments(p, TUNE_JOB_FLAGS, "job file (YAML), with an optional tune: section")
     search = p.add_argument_group("search (the job file's tune: section)")
     add_flags(search, TuneSpec, TUNE_FLAGS, required=False)
     search.add_argument(
