@@ -112,6 +112,19 @@ def write_json(default: Path, payload: dict, path: str | os.PathLike | None = No
     return out
 
 
+def train_job_file(job: Path) -> tuple[dict, float]:
+    """Run ``ebb train JOB`` from this checkout's sources (stderr kept beside it, in
+    stderr.txt): its report.json, read from the job's folder, and the seconds it took here."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lambda_src"), str(ROOT)])}
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "ebb.cli", "train", str(job)], capture_output=True, text=True, env=env, cwd=ROOT
+    )
+    (job.parent / "stderr.txt").write_text(proc.stderr)
+    report = json.loads((job.parent / "report.json").read_text())
+    return report, time.perf_counter() - started
+
+
 def _read(path: str) -> str:
     try:
         return Path(path).read_text()

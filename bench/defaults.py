@@ -30,19 +30,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quality  # noqa: E402
-from _common import print_table, result_path, write_json  # noqa: E402
+from _common import print_table, result_path, train_job_file, write_json  # noqa: E402
 
 from ebb.catalogue import CATALOGUE  # noqa: E402
 
@@ -98,18 +95,7 @@ def run(data: dict, workers: int, settings: dict, epochs: float, tag: str) -> di
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     (out / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lambda_src"), str(ROOT)])}
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "ebb.cli", "train", str(out / "job.yaml")],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-    )
-    (out / "stderr.txt").write_text(proc.stderr)
-    report = json.loads((out / "report.json").read_text())
-    wall = time.perf_counter() - started
+    report, wall = train_job_file(out / "job.yaml")
     # auto_hyper: the data-dependent defaults the job trained with (PMF's l2 when unset).
     row = {
         "settings": settings,

@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
@@ -29,7 +26,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quality  # noqa: E402
-from _common import RESULTS, provenance  # noqa: E402
+from _common import RESULTS, provenance, train_job_file  # noqa: E402
 
 from ebb.engine.cadence import one_worker_epoch  # noqa: E402
 from ebb.spec import parse_spec  # noqa: E402
@@ -90,17 +87,7 @@ def run(name: str, probe: dict, runs: Path) -> dict:
         per_epoch if probe.get("eval") == "epoch" else one_worker_epoch(parse_spec(job, "probe"), parts)
     )
     (out / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lambda_src"), str(ROOT)])}
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "ebb.cli", "train", str(out / "job.yaml")],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-    )
-    (out / "stderr.txt").write_text(proc.stderr)
-    report = json.loads((out / "report.json").read_text())
+    report, wall = train_job_file(out / "job.yaml")
     curve = [(h["epoch"], round(h["test"], 4)) for h in report["history"] if "test" in h]
     best = min(curve, key=lambda c: c[1]) if curve else None
     stop = quality.early_stopped([{"epoch": e, "value": v, "step": 0} for e, v in curve])
@@ -112,7 +99,7 @@ def run(name: str, probe: dict, runs: Path) -> dict:
         "early_stopping_keeps": [stop[0]["epoch"], stop[0]["value"]] if stop[0] else None,
         "early_stopping_stops_at": stop[1],
         "curve": curve,
-        "wall_s": round(time.perf_counter() - started),
+        "wall_s": round(wall),
     }
 
 

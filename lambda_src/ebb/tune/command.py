@@ -87,7 +87,7 @@ def cmd_tune(args) -> int:
     from ebb.flags import given
     from ebb.spec import SpecError
     from ebb.tune.runner import Base, LocalTune, TuneError, leaderboard_text
-    from ebb.tune.space import split_job_file, tune_spec
+    from ebb.tune.space import tune_spec
 
     def say(line: str) -> None:
         print(line, flush=True)
@@ -106,10 +106,7 @@ def cmd_tune(args) -> int:
                 return 2
             run = LocalTune.resume(Path(args.resume), say)
         else:
-            section, job_yaml = split_job_file(args.job)
-            overrides = {k: v for k, v in given(args, TUNE_JOB_FLAGS).items() if v is not None}
-            if job_yaml is None and args.job:
-                job_yaml = Path(args.job).read_text()
+            section, job_yaml, overrides = _job_input(args)
             first = Base(job_yaml, overrides, args.assignments).spec()
             overrides["name"] = first.name  # one name (a drawn one, when none was given) for all trials
             base = Base(job_yaml, overrides, args.assignments)
@@ -145,17 +142,14 @@ def _tune_on_stack(args) -> int:
     from ebb.flags import given
     from ebb.spec import SpecError
     from ebb.tune.runner import Base, leaderboard_text
-    from ebb.tune.space import split_job_file, tune_spec
+    from ebb.tune.space import tune_spec
     from ebb.tune.stack import submit_tune, watch_tune
 
     if args.resume:
         print("ebb tune: --resume carries on a local search; a stack's search carries on by itself", file=sys.stderr)
         return 2
     try:
-        section, job_yaml = split_job_file(args.job)
-        overrides = {k: v for k, v in given(args, TUNE_JOB_FLAGS).items() if v is not None}
-        if job_yaml is None and args.job:
-            job_yaml = Path(args.job).read_text()
+        section, job_yaml, overrides = _job_input(args)
         spec = Base(job_yaml, overrides, args.assignments).spec()
         tspec = tune_spec(section, spec.model, given(args, TUNE_FLAGS), args.params, args.quick)
         dep = Deployment.from_stack(args.stack)
@@ -183,3 +177,16 @@ def _tune_on_stack(args) -> int:
     tune = f"s3://{dep.bucket}/tunes/{started['name']}"
     print(f"best: trial {result['best']['trial']} -> {tune}/best/; leaderboard {tune}/tune.json")
     return 0
+
+
+def _job_input(args) -> tuple[dict | None, str | None, dict]:
+    """The job file's tune: section, the rest of it as YAML (None: no file) and the flags
+    given for the job's fields."""
+    from ebb.flags import given
+    from ebb.tune.space import split_job_file
+
+    section, job_yaml = split_job_file(args.job)
+    overrides = {k: v for k, v in given(args, TUNE_JOB_FLAGS).items() if v is not None}
+    if job_yaml is None and args.job:
+        job_yaml = Path(args.job).read_text()
+    return section, job_yaml, overrides
