@@ -87,6 +87,45 @@ def test_tune_promotes_the_best_and_a_promoted_trial_matches_one_run_straight_th
     assert trial_report["test_metrics"] == report["test_metrics"]
 
 
+def test_a_trial_pack_trains_each_trial_bit_identically_to_it_alone_for_less(tiny_ratings, tmp_path):
+    """Three trials trained back to back by one warm fleet of two worker processes (one
+    pack: the CPU budget holds one fleet) give the same models as each trial on a fleet of
+    its own (--no-packs), and cost less: one cold start, one load of the data, one execution."""
+    got = {}
+    for arm, extra in (("pack", ()), ("alone", ("--no-packs",))):
+        out = tmp_path / arm
+        args = [*_job(tiny_ratings, out, "--trials", "3", "--scheduler", "none", "--parallel", "2"), *extra]
+        proc = _ebb(*args)
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr
+        got[arm] = (out, json.loads((out / "tune.json").read_text()))
+    (pack_out, pack), (alone_out, alone) = got["pack"], got["alone"]
+    assert len(pack["packs"]) == 1 and "packs" not in alone
+    assert sorted(j["trial"] for j in pack["packs"][0]["jobs"]) == [0, 1, 2]
+    for trial in range(3):
+        packed = np.load(pack_out / "trials" / f"t{trial:03d}" / "model.npz")
+        single = np.load(alone_out / "trials" / f"t{trial:03d}" / "model.npz")
+        assert set(packed.files) == set(single.files)
+        assert all(np.array_equal(packed[k], single[k]) for k in single.files)
+        reports = [
+            json.loads((o / "trials" / f"t{trial:03d}" / "report.json").read_text()) for o in (pack_out, alone_out)
+        ]
+        assert [h["loss"] for h in reports[0]["history"]] == [h["loss"] for h in reports[1]["history"]]
+        # Priced as what it added to the pack, plus its share of what the pack paid once.
+        cost = reports[0]["cost"]
+        assert cost["total_usd"] == pytest.approx(cost["job_usd"] + cost["pack_usd"]) and cost["pack_usd"] > 0
+        assert cost["by_component"]["step_functions"] == 0 and reports[1]["cost"]["by_component"]["step_functions"] > 0
+    # tune.json's total is the trials' sum, and that is what the pack cost.
+    rows = sum(r["cost_usd"] for r in pack["trials"])
+    assert pack["total_usd"] == pytest.approx(rows, abs=1e-6)
+    jobs = sum(
+        json.loads((pack_out / "trials" / f"t{t:03d}" / "report.json").read_text())["cost"]["job_usd"] for t in range(3)
+    )
+    assert pack["total_usd"] == pytest.approx(jobs + pack["packs_usd"], abs=1e-6)
+    assert pack["packs"][0]["by_component"]["step_functions"] > 0 and pack["packs"][0]["object_gets"] == 2 * 10
+    assert pack["total_usd"] < 0.8 * alone["total_usd"]
+
+
 def test_tune_killed_outright_resumes_without_retraining_finished_rungs_within_its_budget(tiny_ratings, tmp_path):
     out = tmp_path / "search"
     budget = 0.0018  # two thirds of what the search costs unbounded
@@ -115,6 +154,7 @@ def test_tune_killed_outright_resumes_without_retraining_finished_rungs_within_i
     assert resumed.returncode == 0, stderr
     result = json.loads((out / "tune.json").read_text())
     assert result["total_usd"] <= budget
+    assert result["packs"] and {p["pack"] for p in before["packs"]} < {p["pack"] for p in result["packs"]}
     rungs = result["rungs"]
     done_before = {t["id"]: t["rung"] for t in before["search"]["trials"] if t["rung"] >= 0}
     after = result["launches"][len(before["search"]["launches"]) :]

@@ -72,6 +72,13 @@ def add_tune(sub) -> None:
         action="store_true",
         help="the built-in space and rungs of the model (lr, l2, optimizer, rank for PMF)",
     )
+    search.add_argument(
+        "--no-packs",
+        dest="packs",
+        action="store_false",
+        help="run each job of a trial on a fleet of its own (cold start, data loading, execution each), "
+        "not in trial packs: warm fleets that train one job after another (the default; cheaper)",
+    )
     p.add_argument("--resume", metavar="OUT", help="carry on with the search in OUT (after a kill); no other arguments")
     aws = p.add_argument_group("on a deployed stack")
     aws.add_argument(
@@ -99,7 +106,7 @@ def cmd_tune(args) -> int:
         return 2
     try:
         if args.resume:
-            if args.job or args.params or args.quick:
+            if args.job or args.params or args.quick or not args.packs:
                 print(
                     "ebb tune: --resume carries on the search as it started: drop the other arguments", file=sys.stderr
                 )
@@ -112,7 +119,7 @@ def cmd_tune(args) -> int:
             base = Base(job_yaml, overrides, args.assignments)
             out = Path(first.out_location)  # --out, the job file's out, else runs/<name>
             tspec = tune_spec(section, first.model, given(args, TUNE_FLAGS), args.params, args.quick)
-            run = LocalTune(out, tspec, base, say)
+            run = LocalTune(out, tspec, base, say, packs=args.packs)
             run.start()
         say(
             f"tuning {len(run.tspec.space)} fields over {run.tspec.trials} trials, rungs at {run.tspec.rungs()} epochs"
