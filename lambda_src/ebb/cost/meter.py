@@ -42,9 +42,9 @@ class JobAccount:
     object_puts: int = 0  # checkpoints (outputs are added here)
     reports: int = 0
     directives: int = 0
-    # Whether the outputs (model, report, plot) are priced: in a pack, only by the report
-    # that writes them (a job paused at a rung writes none); a lone job's meter always.
-    outputs: bool = True
+    # The outputs' PUTs (model, report, plot) a job in a pack is priced for: those its
+    # report writes (a job paused at a rung writes none). A lone job's meter prices all three.
+    output_puts: int = 3
 
 
 _PACKED: ContextVar[bool] = ContextVar("ebb_packed", default=False)
@@ -78,7 +78,7 @@ def usage_of(spec, account: JobAccount) -> Usage:
     )
     if _PACKED.get():  # the execution and its invocations are the pack's
         usage.invocations = usage.sfn_transitions = 0
-        usage.s3_put = account.object_puts + (_OUTPUT_PUTS if account.outputs else 0)
+        usage.s3_put = account.object_puts + account.output_puts
     if spec.aws.signal_channel == "sns_sqs":
         usage.sqs_chunks = 3 * account.reports  # send, receive, delete (reports are < 64 KB)
         usage.sns_chunks = account.directives

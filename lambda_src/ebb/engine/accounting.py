@@ -88,10 +88,10 @@ def mean_timing(reports: Mapping[int, StepReport]) -> dict[str, float]:
 
 
 def job_account(
-    state: SupervisorState, *, wall_seconds: float, worker_seconds: float, rounds: int, outputs: bool = True
+    state: SupervisorState, *, wall_seconds: float, worker_seconds: float, rounds: int, output_puts: int = 3
 ) -> JobAccount:
     """The cost meter's view of a job: ``state``'s counters, with its time and worker time
-    (``outputs``: whether its outputs are written with this account, see ``JobAccount``)."""
+    (``output_puts``: the outputs written with this account, see ``JobAccount``)."""
     return JobAccount(
         wall_seconds=wall_seconds,
         worker_seconds=worker_seconds,
@@ -101,7 +101,7 @@ def job_account(
         object_puts=state.checkpoint_puts,
         reports=state.totals.reports,
         directives=state.directives,
-        outputs=outputs,
+        output_puts=output_puts,
     )
 
 
@@ -156,7 +156,7 @@ class Books:
                 wall_seconds=self.time.elapsed(),
                 worker_seconds=self.worker_seconds(),
                 rounds=self.round + 1,
-                outputs=False,  # the running cost: the outputs come with the report
+                output_puts=0,  # the running cost: the outputs come with the report
             )
         )
 

@@ -79,6 +79,14 @@ def add_tune(sub) -> None:
         help="run each job of a trial on a fleet of its own (cold start, data loading, execution each), "
         "not in trial packs: warm fleets that train one job after another (the default; cheaper)",
     )
+    search.add_argument(
+        "--fleets",
+        type=int,
+        default=1,
+        metavar="N",
+        help="trial packs: warm fleets at once, within --parallel (default 1, the cheapest: each fleet "
+        "pays its own cold start and execution; more finish sooner)",
+    )
     p.add_argument("--resume", metavar="OUT", help="carry on with the search in OUT (after a kill); no other arguments")
     aws = p.add_argument_group("on a deployed stack")
     aws.add_argument(
@@ -106,7 +114,7 @@ def cmd_tune(args) -> int:
         return 2
     try:
         if args.resume:
-            if args.job or args.params or args.quick or not args.packs:
+            if args.job or args.params or args.quick or not args.packs or args.fleets != 1:
                 print(
                     "ebb tune: --resume carries on the search as it started: drop the other arguments", file=sys.stderr
                 )
@@ -119,7 +127,10 @@ def cmd_tune(args) -> int:
             base = Base(job_yaml, overrides, args.assignments)
             out = Path(first.out_location)  # --out, the job file's out, else runs/<name>
             tspec = tune_spec(section, first.model, given(args, TUNE_FLAGS), args.params, args.quick)
-            run = LocalTune(out, tspec, base, say, packs=args.packs)
+            if args.fleets < 1:
+                print("ebb tune: --fleets must be at least 1", file=sys.stderr)
+                return 2
+            run = LocalTune(out, tspec, base, say, packs=args.packs, fleets=args.fleets)
             run.start()
         say(
             f"tuning {len(run.tspec.space)} fields over {run.tspec.trials} trials, rungs at {run.tspec.rungs()} epochs"

@@ -7,15 +7,16 @@ settings, rewritten after every start and end of a job; ``ebb tune --resume OUT`
 kill carries on from it: finished rungs are never trained again, an interrupted job resumes
 from its trial's last complete round.
 
-*Trial packs* (the default; ``--no-packs`` for one process per job): each slot of the CPU
-budget is a warm fleet, one process that trains the jobs the search hands it one after
-another, the ASHA decision taken between them, as one execution of warm functions would
-on AWS. It loads the training split once (``trial.warm_fleet``) and pays one cold start;
-its jobs are priced for what each adds (``cost.meter.packed``). A slot the search has no
-job for ends its pack (an idle fleet would be billed); the next job starts a new one. What
-a pack pays once (``cost.meter.pack_cost``) is shared by the trials it trained, by their
-fleet seconds in it: each trial's report says its share (``cost.pack_usd``), so
-``tune.json``'s ``total_usd``, the trials' sum, is what the packs cost.
+*Trial packs* (the default; ``--no-packs`` for one process per job): a warm fleet (one by
+default, ``--fleets N`` within the CPU budget) is one process that trains the jobs the
+search hands it one after another, the ASHA decision taken between them, as one execution
+of warm functions would on AWS. It loads the training split once (``trial.warm_fleet``)
+and pays one cold start; its jobs are priced for what each adds (``cost.meter.packed``),
+and a trial it prunes writes its report alone. A fleet the search has no job for ends its
+pack (an idle fleet would be billed); the next job starts a new one. What a pack pays once
+(``cost.meter.pack_cost``) is shared by the trials it trained, by their fleet seconds in
+it: each trial's report says its share (``cost.pack_usd``), so ``tune.json``'s
+``total_usd``, the trials' sum, is what the packs cost.
 
 When the search is over: every trial left between rungs gets its report (status
 ``pruned``), ``OUT/tune.json`` holds the leaderboard, ``OUT/best/`` the best trial's model,
@@ -85,8 +86,17 @@ def unit_steps(spec: JobSpec) -> int:
 class LocalTune:
     """One search, run here. ``say`` gets a line per finished job."""
 
-    def __init__(self, out: Path, tspec: TuneSpec, base: Base, say: Callable[[str], None] = print, packs: bool = True):
+    def __init__(
+        self,
+        out: Path,
+        tspec: TuneSpec,
+        base: Base,
+        say: Callable[[str], None] = print,
+        packs: bool = True,
+        fleets: int = 1,
+    ):
         self.out, self.tspec, self.base, self.say, self.use_packs = out, tspec, base, say, packs
+        self.fleets = fleets  # warm fleets at once (packs): each pays its own start
         self.search: Search
         self.wall_before = 0.0
         self._units: dict[int, int] = {}
@@ -106,6 +116,7 @@ class LocalTune:
             Base(b["job_yaml"], b["overrides"], b["assignments"]),
             say,
             packs=saved.get("packs_on", False),
+            fleets=saved.get("fleets", 1),
         )
         run.search = Search(run.tspec, saved["search"])
         run.wall_before = saved.get("wall_seconds", 0.0)
@@ -140,6 +151,7 @@ class LocalTune:
             "search": self.search.state_dict(),
             "wall_seconds": wall,
             "packs_on": self.use_packs,
+            "fleets": self.fleets,
             "packs": self.packs,
         }
         tmp = self.out / (STATE + ".tmp")
@@ -311,7 +323,7 @@ class LocalTune:
 
         started = time.monotonic()
         workers = self.base.spec().workers
-        slots: list[_Pack | None] = [None] * max(1, self.tspec.cpu_budget() // workers)
+        slots: list[_Pack | None] = [None] * max(1, min(self.fleets, self.tspec.cpu_budget() // workers))
         pending = self.search.interrupted_jobs()
         try:
             with RedisServer() as server:
@@ -375,7 +387,7 @@ class LocalTune:
             report_path = self.trial_dir(t.id) / "report.json"
             if not report_path.exists() and t.rung >= 0 and t.status == "paused":
                 with packed() if self.use_packs else nullcontext():
-                    close(self.trial_spec(t), "pruned")
+                    close(self.trial_spec(t), "pruned", outputs=not self.use_packs)
             if report_path.exists() and self.packs:
                 _add_pack_share(report_path, self.pack_usd(t.id))
             reports[t.id] = json.loads(report_path.read_text()) if report_path.exists() else {}
@@ -383,6 +395,12 @@ class LocalTune:
         if self.packs:
             result["packs"] = [{k: v for k, v in p.items() if k != "open"} for p in self.packs]
             result["packs_usd"] = round(sum(p["usd"] for p in self.packs), 6)
+            # The fleets run side by side, each its packs one after another: the busiest
+            # one's time (its start-ups and jobs; the waits between are left out).
+            busy: dict[int, float] = {}
+            for p in self.packs:
+                busy[p["slot"]] = busy.get(p["slot"], 0.0) + p["seconds"] + sum(j["seconds"] for j in p["jobs"])
+            result["fleet_wall_seconds"] = round(max(busy.values()), 3)
         # Where the money went: the trials' jobs and the packs' fixed costs, by component.
         parts = [r.get("cost", {}).get("by_component", {}) for r in reports.values()]
         parts += [p["by_component"] for p in self.packs]
@@ -625,9 +643,14 @@ def leaderboard_text(result: dict[str, Any], loss_name: str, where: str = "here"
             f"{r['trial']:>5}  {val:>12}  {r['epochs']:>6.1f}  {r['status']:<13} {r['cost_usd']:>8.4f}  "
             f"{_params_text(r['params'])}"
         )
+    fleets = (
+        f"{len(result['packs'])} trial pack(s), ${result['packs_usd']:.4f} of it paid once by them"
+        if result.get("packs")
+        else "a fleet running each rung at once"
+    )
     lines.append(
         f"total ${result['total_usd']:.4f}; {len(result['trials'])} trials in {result['wall_seconds']:.1f} s {where} "
-        f"({result['fleet_wall_seconds']:.1f} s on a fleet running each rung at once)"
+        f"({result['fleet_wall_seconds']:.1f} s on {fleets})"
     )
     return "\n".join(lines)
 

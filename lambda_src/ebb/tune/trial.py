@@ -148,13 +148,14 @@ def best_replica_meta(store) -> dict[str, Any] | None:
         return None
 
 
-def close(spec: JobSpec, status: str) -> dict[str, Any]:
+def close(spec: JobSpec, status: str, outputs: bool = True) -> dict[str, Any]:
     """Report a trial the search left between rungs as a finished job's report is written
     (its best model scored on the test split, the plot), with ``status``; its checkpoints stay,
-    so a later promotion could still resume it."""
+    so a later promotion could still resume it. ``outputs`` False: the report alone (a pack's
+    pruned trial: no model or plot written, nor paid for; its checkpoints hold the model)."""
     from ebb.engine import checkpoint
     from ebb.engine.finalize import best_replica, build_report, evaluate, merged_replica
-    from ebb.engine.outputs import write_outputs
+    from ebb.engine.outputs import write_outputs, write_report_only
     from ebb.local.runner import checkpoints_location
     from ebb.stores import open_object_store
 
@@ -166,14 +167,18 @@ def close(spec: JobSpec, status: str) -> dict[str, Any]:
     _fold_pending_scoring(spec, store, done, state)
     best = best_replica(store)
     replica = best[0] if best else merged_replica(store, done["round"], state.members)
-    report = build_report(spec, state, evaluate(spec, data, replica), time.perf_counter() - started)
+    puts = 3 if outputs else 1
+    report = build_report(spec, state, evaluate(spec, data, replica), time.perf_counter() - started, puts)
     report["status"] = status
     if best:
         meta = best[1]
         report.update(
             {"model": "best", "best_step": meta["step"], "best_epoch": meta["epoch"], "best_val": meta["value"]}
         )
-    write_outputs(open_object_store(spec.out_location), report, replica)
+    if outputs:
+        write_outputs(open_object_store(spec.out_location), report, replica)
+    else:
+        write_report_only(open_object_store(spec.out_location), report)
     return report
 
 
