@@ -37,6 +37,9 @@ Every trial is an ordinary job in OUT/trials/tNNN (checkpoints, report.json, mod
 Trials are compared on the validation metric at rungs of min_epochs x eta^k epochs (at one
 worker's pace); the best 1/eta go on, resuming from their checkpoints (ASHA). At the end:
 a leaderboard, OUT/tune.json, OUT/best/ (the best trial's model and report), OUT/tune.png.
+Here the jobs run in trial packs: one warm fleet trains them one after another (one cold
+start, one load of the data, one execution to pay); --fleets N runs N at once, --no-packs
+gives every job a fleet of its own.
 With --stack the search runs on the stack's Tune state machine: each rung's trials at once
 (nested executions of the training state machine), every trial's job under jobs/<tune>-tNNN,
 the leaderboard and the best trial under s3://<bucket>/tunes/<tune>/ (docs/AWS.md).
