@@ -125,7 +125,9 @@ def test_a_trial_pack_trains_each_trial_bit_identically_to_it_alone_for_less(tin
         json.loads((pack_out / "trials" / f"t{t:03d}" / "report.json").read_text())["cost"]["job_usd"] for t in range(3)
     )
     assert pack["total_usd"] == pytest.approx(jobs + pack["packs_usd"], abs=1e-6)
-    assert pack["packs"][0]["by_component"]["step_functions"] > 0 and pack["packs"][0]["object_gets"] == 2 * 10
+    first = pack["packs"][0]
+    assert first["by_component"]["step_functions"] > 0 and first["loads"] == 2 * 10  # each worker loads the split
+    assert first["decisions"] == 3 and first["decide_seconds"] > 0  # two next jobs, then "no more"
     assert pack["total_usd"] < 0.8 * alone["total_usd"]
 
 

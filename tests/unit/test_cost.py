@@ -189,7 +189,7 @@ def test_a_job_in_a_trial_pack_pays_what_it_adds_and_the_pack_pays_the_execution
     assert (inside.worker_seconds, inside.supervisor_seconds, inside.wall_seconds) == (40.0, 10.0, 10.0)
     assert usage_of(spec, account).sfn_transitions == alone.sfn_transitions  # only within the block
 
-    pack = pack_usage(spec, seconds=3.5, waves=2, object_gets=4 * 10)
+    pack = pack_usage(spec, seconds=3.5, waves=2, object_gets=4 * 10, object_puts=6)
     assert pack.sfn_transitions == 4 + 2 * (4 + 2 * 4) and pack.invocations == 2 * (4 + 1)
     assert (pack.worker_seconds, pack.supervisor_seconds, pack.wall_seconds) == (4 * 3.5, 3.5, 3.5)
-    assert (pack.s3_get, pack.s3_put) == (40, 0)
+    assert (pack.s3_get, pack.s3_put) == (40, 6)

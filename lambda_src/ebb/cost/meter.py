@@ -91,12 +91,12 @@ def meter_for(spec) -> Callable[[JobAccount], dict]:
     return lambda account: estimate_cost(usage_of(spec, account), prices)
 
 
-def pack_usage(spec, *, seconds: float, waves: int, object_gets: int) -> Usage:
+def pack_usage(spec, *, seconds: float, waves: int, object_gets: int, object_puts: int = 0) -> Usage:
     """What a trial pack pays once, beside its jobs (``packed``): one execution of ``waves``
     rounds of invocations (a fleet of ``spec.workers`` and a supervisor, each wave re-invoked
     warm when the last reached the functions' time limit), billed for ``seconds`` of fleet
-    time (its cold start and loading the data, before the first job trains), and the
-    ``object_gets`` that loading made."""
+    time (its cold start and loading the data before the first job trains, the search's
+    decisions between jobs), and the S3 requests those made."""
     workers = spec.workers
     return Usage(
         worker_seconds=workers * seconds,
@@ -109,10 +109,12 @@ def pack_usage(spec, *, seconds: float, waves: int, object_gets: int) -> Usage:
         cache_node_type=spec.aws.cache_node_type,
         cache_nodes=spec.aws.cache_nodes,
         s3_get=object_gets,
+        s3_put=object_puts,
         sfn_transitions=_STATES_PER_JOB + waves * (_STATES_PER_ROUND + 2 * workers),
     )
 
 
-def pack_cost(spec, *, seconds: float, waves: int, object_gets: int) -> dict:
+def pack_cost(spec, *, seconds: float, waves: int, object_gets: int, object_puts: int = 0) -> dict:
     """``pack_usage`` priced (``estimate_cost``'s form)."""
-    return estimate_cost(pack_usage(spec, seconds=seconds, waves=waves, object_gets=object_gets), load_prices())
+    usage = pack_usage(spec, seconds=seconds, waves=waves, object_gets=object_gets, object_puts=object_puts)
+    return estimate_cost(usage, load_prices())

@@ -237,8 +237,10 @@ class LocalTune:
             {
                 "warm": warm,
                 "cold_start_s": cold,
-                "seconds": round(cold + (warm["cpu_seconds"] if warm else 0.0), 4),
-                "object_gets": spec.workers * warm["gets"] if warm else 0,  # every function loads it
+                "start_seconds": round(cold + (warm["cpu_seconds"] if warm else 0.0), 4),
+                "loads": spec.workers * warm["gets"] if warm else 0,  # every function loads it
+                "decisions": 0,  # the search's, between its jobs: its fleet waits (billed)
+                "decide_seconds": 0.0,
                 "first_trial": first.trial,
             }
         )
@@ -256,6 +258,18 @@ class LocalTune:
         record["open"] = False
         trained = sum(j["seconds"] for j in record["jobs"])
         record["waves"] = 1 + int((record["seconds"] + trained) // self.base.spec().round_seconds)
+        _price(record, self.base.spec())
+        self._reshare(record)
+
+    def _decided(self, pack: _Pack) -> None:
+        """The search has decided what ``pack`` does next (a job, or to stop): the time since
+        its last job ended, which its fleet spent waiting, is the pack's."""
+        if pack.freed_at is None:
+            return
+        record = pack.record
+        record["decisions"] += 1
+        record["decide_seconds"] = round(record["decide_seconds"] + time.monotonic() - pack.freed_at, 4)
+        pack.freed_at = None
         _price(record, self.base.spec())
         self._reshare(record)
 
@@ -338,6 +352,7 @@ class LocalTune:
                             job = self.search.next_job()
                         if job is None:
                             if pack is not None:  # nothing for it now: an idle fleet is billed, so it stops
+                                self._decided(pack)
                                 self._close_pack(pack)
                                 slots[i] = None
                                 self._save(self.wall_before + time.monotonic() - started)
@@ -349,6 +364,7 @@ class LocalTune:
                         if budget is not None:  # the engine meters the job alone: less its trial's pack share
                             budget -= self.pack_usd(job.trial)
                         to_steps = job.to_epochs * self.units(self.search.trials[job.trial])
+                        self._decided(pack)
                         pack.send(job, str(self.trial_dir(job.trial)), to_steps, budget)
                         self._save(self.wall_before + time.monotonic() - started)
                     if not any(p is not None and p.job is not None for p in slots):
@@ -359,7 +375,7 @@ class LocalTune:
                             continue
                         code = pack.done()
                         if code is not None:
-                            job, pack.job = pack.job, None
+                            job, pack.job, pack.freed_at = pack.job, None, time.monotonic()
                             self.finish_job(job, code, pack.record)
                             self._save(self.wall_before + time.monotonic() - started)
                     for i, pack in enumerate(slots):
@@ -484,6 +500,7 @@ class _Pack:
     def __init__(self, record: dict[str, Any], spec: JobSpec, log: Path, redis_url: str):
         self.record, self.redis_url = record, redis_url
         self.job: Job | None = None
+        self.freed_at: float | None = None  # when its last job ended, until the search decides
         ctx = mp.get_context("fork")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(
@@ -574,7 +591,17 @@ def _price(record: dict[str, Any], spec: JobSpec) -> None:
     """What ``record``'s pack pays once, priced (``usd``, ``by_component``)."""
     from ebb.cost.meter import pack_cost
 
-    cost = pack_cost(spec, seconds=record["seconds"], waves=record.get("waves", 1), object_gets=record["object_gets"])
+    # A decision reads the trial's outcome from its checkpoints (latest.json, the supervisor's
+    # state, the best scoring, a worker's checkpoint) and writes the search's state.
+    record["seconds"] = round(record["start_seconds"] + record["decide_seconds"], 4)
+    record["object_gets"] = record["loads"] + 4 * record["decisions"]
+    cost = pack_cost(
+        spec,
+        seconds=record["seconds"],
+        waves=record.get("waves", 1),
+        object_gets=record["object_gets"],
+        object_puts=record["decisions"],
+    )
     record["usd"] = cost["total_usd"]
     record["by_component"] = cost["by_component"]
 
