@@ -14,8 +14,8 @@ of warm functions would on AWS. It loads the training split once (``trial.warm_f
 and pays one cold start; its jobs are priced for what each adds (``cost.meter.packed``),
 and a trial it prunes writes its report alone. A fleet the search has no job for ends its
 pack (an idle fleet would be billed); the next job starts a new one. What a pack pays once
-(``cost.meter.pack_cost``) is shared by the trials it trained, by their fleet seconds in
-it: each trial's report says its share (``cost.pack_usd``), so ``tune.json``'s
+(``cost.meter.pack_cost``: its start, its execution, and its fleet's waits while the search
+decides the next job) is shared by the trials it trained, by their fleet seconds in it: each trial's report says its share (``cost.pack_usd``), so ``tune.json``'s
 ``total_usd``, the trials' sum, is what the packs cost.
 
 When the search is over: every trial left between rungs gets its report (status
@@ -345,6 +345,9 @@ class LocalTune:
                     for i, pack in enumerate(slots):
                         if pack is not None and pack.job is not None:
                             continue
+                        if pack is not None and not pack.alive():  # (its job failed with it)
+                            self._close_pack(pack)
+                            pack = slots[i] = None
                         if pending:
                             job = pending.pop(0)
                             self.search.start(job)
@@ -378,10 +381,6 @@ class LocalTune:
                             job, pack.job, pack.freed_at = pack.job, None, time.monotonic()
                             self.finish_job(job, code, pack.record)
                             self._save(self.wall_before + time.monotonic() - started)
-                    for i, pack in enumerate(slots):
-                        if pack is not None and not pack.alive():
-                            self._close_pack(pack)
-                            slots[i] = None
         finally:
             for pack in slots:  # Ctrl-C or a crash: no fleet outlives the search
                 if pack is not None:
