@@ -90,14 +90,19 @@ def test_tune_promotes_the_best_and_a_promoted_trial_matches_one_run_straight_th
     assert trial_report["test_metrics"] == report["test_metrics"]
 
 
-def test_a_trial_pack_trains_each_trial_bit_identically_to_it_alone_for_less(tiny_ratings, tmp_path):
-    """Three trials trained back to back by one warm fleet of two worker processes (one
-    pack: the CPU budget holds one fleet) give the same models as each trial on a fleet of
-    its own (--no-packs), and cost less: one cold start, one load of the data, one execution."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_trial_pack_trains_each_trial_bit_identically_to_it_alone_for_less(tiny_ratings, tmp_path, workers):
+    """Three trials trained back to back by one warm fleet (one pack; its workers threads
+    beside the supervisor at P = 1, processes forked from the warm one at P = 2) give the
+    same models as each trial on a fleet of its own (--no-packs), and cost less: one cold
+    start, one load of the data, one execution."""
     got = {}
     for arm, extra in (("pack", ()), ("alone", ("--no-packs",))):
         out = tmp_path / arm
-        args = [*_job(tiny_ratings, out, "--trials", "3", "--scheduler", "none", "--parallel", "2"), *extra]
+        args = [
+            *_job(tiny_ratings, out, "--trials", "3", "--scheduler", "none", "--workers", str(workers)),
+            *extra,
+        ]
         proc = _ebb(*args)
         stdout, stderr = proc.communicate(timeout=300)
         assert proc.returncode == 0, stderr
@@ -126,7 +131,7 @@ def test_a_trial_pack_trains_each_trial_bit_identically_to_it_alone_for_less(tin
     )
     assert pack["total_usd"] == pytest.approx(jobs + pack["packs_usd"], abs=1e-6)
     first = pack["packs"][0]
-    assert first["by_component"]["step_functions"] > 0 and first["loads"] == 2 * 10  # each worker loads the split
+    assert first["by_component"]["step_functions"] > 0 and first["loads"] == workers * 10  # each worker loads the split
     assert first["decisions"] == 3 and first["decide_seconds"] > 0  # two next jobs, then "no more"
     assert pack["total_usd"] < 0.8 * alone["total_usd"]
 

@@ -15,8 +15,9 @@ and pays one cold start; its jobs are priced for what each adds (``cost.meter.pa
 and a trial it prunes writes its report alone. A fleet the search has no job for ends its
 pack (an idle fleet would be billed); the next job starts a new one. What a pack pays once
 (``cost.meter.pack_cost``: its start, its execution, and its fleet's waits while the search
-decides the next job) is shared by the trials it trained, by their fleet seconds in it: each trial's report says its share (``cost.pack_usd``), so ``tune.json``'s
-``total_usd``, the trials' sum, is what the packs cost.
+decides the next job) is shared by the trials it trained, by their fleet seconds in it:
+each trial's report says its share (``cost.pack_usd``), so ``tune.json``'s ``total_usd``,
+the trials' sum, is what the packs cost.
 
 When the search is over: every trial left between rungs gets its report (status
 ``pruned``), ``OUT/tune.json`` holds the leaderboard, ``OUT/best/`` the best trial's model,
@@ -263,12 +264,16 @@ class LocalTune:
 
     def _decided(self, pack: _Pack) -> None:
         """The search has decided what ``pack`` does next (a job, or to stop): the time since
-        its last job ended, which its fleet spent waiting, is the pack's."""
+        its last job ended, which its fleet spent waiting, is the pack's. On the fleet clock
+        that is the CPU the search spent deciding (reading the trial's checkpoints, Optuna,
+        its state), as a worker's step is its CPU; on the host clock, the host's time."""
         if pack.freed_at is None:
             return
         record = pack.record
+        fleet = self.base.spec().clock.kind == "fleet"
+        spent = time.process_time() - pack.freed_at[1] if fleet else time.monotonic() - pack.freed_at[0]
         record["decisions"] += 1
-        record["decide_seconds"] = round(record["decide_seconds"] + time.monotonic() - pack.freed_at, 4)
+        record["decide_seconds"] = round(record["decide_seconds"] + spent, 4)
         pack.freed_at = None
         _price(record, self.base.spec())
         self._reshare(record)
@@ -378,7 +383,8 @@ class LocalTune:
                             continue
                         code = pack.done()
                         if code is not None:
-                            job, pack.job, pack.freed_at = pack.job, None, time.monotonic()
+                            job, pack.job = pack.job, None
+                            pack.freed_at = (time.monotonic(), time.process_time())
                             self.finish_job(job, code, pack.record)
                             self._save(self.wall_before + time.monotonic() - started)
         finally:
@@ -499,7 +505,8 @@ class _Pack:
     def __init__(self, record: dict[str, Any], spec: JobSpec, log: Path, redis_url: str):
         self.record, self.redis_url = record, redis_url
         self.job: Job | None = None
-        self.freed_at: float | None = None  # when its last job ended, until the search decides
+        # When its last job ended (host time, the search's CPU time), until the search decides.
+        self.freed_at: tuple[float, float] | None = None
         ctx = mp.get_context("fork")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(
