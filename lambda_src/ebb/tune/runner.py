@@ -338,6 +338,9 @@ class LocalTune:
     def run_packs(self) -> dict[str, Any]:
         """The search in trial packs: a warm fleet per slot of the CPU budget, each training
         the search's next job as soon as its last is done."""
+        # What a decision reads checkpoints with, imported before the first is timed (a
+        # supervisor function has it loaded: its cold start).
+        import ebb.local.runner  # noqa: F401
         from ebb.local.redis_server import RedisServer
 
         started = time.monotonic()
