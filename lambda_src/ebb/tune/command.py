@@ -169,6 +169,13 @@ def _tune_on_stack(args) -> int:
     if args.resume:
         print("ebb tune: --resume carries on a local search; a stack's search carries on by itself", file=sys.stderr)
         return 2
+    if not args.packs or args.fleets != 1:
+        print(
+            "ebb tune: --no-packs and --fleets are a local search's: a stack runs each job as an execution of its "
+            "own (docs/AWS.md, Tuning on AWS)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         section, job_yaml, overrides = _job_input(args)
         spec = Base(job_yaml, overrides, args.assignments).spec()
