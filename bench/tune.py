@@ -59,6 +59,7 @@ def run_defaults(data: dict, workers: int, out: Path) -> dict:
         "test": report["test_metrics"][data["metric"]],
         "best_val": report.get("best_val"),
         "usd": report["cost"]["total_usd"],
+        "usd_by_component": report["cost"]["by_component"],
         "fleet_wall_s": report["wall_seconds"],
         "serial_s": report["wall_seconds"],
         "epochs": report["epochs"],
@@ -83,6 +84,8 @@ def run_tune(data: dict, workers: int, out: Path, extra: list[str], parallel: in
         "epochs": round(sum(t["epochs"] for t in result["trials"]), 1),
         "trials": len(result["trials"]),
         "best_params": result["best"]["params"],
+        "packs": len(result.get("packs", [])),
+        "usd_by_component": result.get("cost_by_component"),
         "host_s": round(time.perf_counter() - started, 1),
     }
 
@@ -93,6 +96,7 @@ def main(argv=None) -> None:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--parallel", type=int, default=2, help="ebb tune's CPU budget (default 2: this machine)")
     p.add_argument("--with-torch", action="store_true", help="also the grid-tuned PyTorch reference")
+    p.add_argument("--no-packs", action="store_true", help="searches without trial packs (a fleet per job)")
     p.add_argument("--label", default="quick")
     p.add_argument("--json")
     args = p.parse_args(argv)
@@ -102,10 +106,11 @@ def main(argv=None) -> None:
         base = RUNS / f"{name}-w{args.workers}"
         shutil.rmtree(base, ignore_errors=True)
         print(f"[{name}] {data['model']}, {args.workers} worker(s)", flush=True)
-        random = ["--scheduler", "none", "--sampler", "random"]
+        packs = ["--no-packs"] if args.no_packs else []
+        random = ["--scheduler", "none", "--sampler", "random", *packs]
         got = {"defaults": run_defaults(data, args.workers, base / "defaults")}
         print(f"   defaults: {got['defaults']}", flush=True)
-        got["tune --quick"] = run_tune(data, args.workers, base / "tune", [], args.parallel)
+        got["tune --quick"] = run_tune(data, args.workers, base / "tune", packs, args.parallel)
         print(f"   tune --quick: {got['tune --quick']}", flush=True)
         got["random"] = run_tune(data, args.workers, base / "random", random, args.parallel)
         print(f"   random: {got['random']}", flush=True)

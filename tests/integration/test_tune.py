@@ -59,11 +59,14 @@ def test_tune_promotes_the_best_and_a_promoted_trial_matches_one_run_straight_th
     rung0 = {t: r["scores"]["0"] for t, r in rows.items()}
     assert all(len(r["curve"]) == r["epochs"] for r in rows.values())  # a scoring an epoch
     assert min(rung0, key=rung0.get) == best["trial"]
-    # Trials are ordinary jobs; the ones stopped between rungs have reports too.
+    # Trials are ordinary jobs; the ones stopped between rungs have reports too (alone: a
+    # pack writes no model or plot a pruned trial does not need; its checkpoints hold it).
     for r in rows.values():
         report = json.loads((Path(r["folder"]) / "report.json").read_text())
         assert report["status"] in ("max_epochs", "pruned", "early_stopped")
-        assert (Path(r["folder"]) / "model.npz").exists() and report["test_metrics"]["rmse"] > 0
+        assert report["test_metrics"]["rmse"] > 0
+        pruned = report["status"] == "pruned"
+        assert (Path(r["folder"]) / "model.npz").exists() != pruned and (report["model"] is None) == pruned
     assert {r["status"] for r in rows.values()} >= {"pruned", "max_epochs"}
     assert (
         (out / "best" / "report.json").exists()
@@ -85,6 +88,52 @@ def test_tune_promotes_the_best_and_a_promoted_trial_matches_one_run_straight_th
     trial_report = json.loads((Path(best["folder"]) / "report.json").read_text())
     assert [h["loss"] for h in trial_report["history"]] == [h["loss"] for h in report["history"]]
     assert trial_report["test_metrics"] == report["test_metrics"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_trial_pack_trains_each_trial_bit_identically_to_it_alone_for_less(tiny_ratings, tmp_path, workers):
+    """Three trials trained back to back by one warm fleet (one pack; its workers threads
+    beside the supervisor at P = 1, processes forked from the warm one at P = 2) give the
+    same models as each trial on a fleet of its own (--no-packs), and cost less: one cold
+    start, one load of the data, one execution."""
+    got = {}
+    for arm, extra in (("pack", ()), ("alone", ("--no-packs",))):
+        out = tmp_path / arm
+        args = [
+            *_job(tiny_ratings, out, "--trials", "3", "--scheduler", "none", "--workers", str(workers)),
+            *extra,
+        ]
+        proc = _ebb(*args)
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr
+        got[arm] = (out, json.loads((out / "tune.json").read_text()))
+    (pack_out, pack), (alone_out, alone) = got["pack"], got["alone"]
+    assert len(pack["packs"]) == 1 and "packs" not in alone
+    assert sorted(j["trial"] for j in pack["packs"][0]["jobs"]) == [0, 1, 2]
+    for trial in range(3):
+        packed = np.load(pack_out / "trials" / f"t{trial:03d}" / "model.npz")
+        single = np.load(alone_out / "trials" / f"t{trial:03d}" / "model.npz")
+        assert set(packed.files) == set(single.files)
+        assert all(np.array_equal(packed[k], single[k]) for k in single.files)
+        reports = [
+            json.loads((o / "trials" / f"t{trial:03d}" / "report.json").read_text()) for o in (pack_out, alone_out)
+        ]
+        assert [h["loss"] for h in reports[0]["history"]] == [h["loss"] for h in reports[1]["history"]]
+        # Priced as what it added to the pack, plus its share of what the pack paid once.
+        cost = reports[0]["cost"]
+        assert cost["total_usd"] == pytest.approx(cost["job_usd"] + cost["pack_usd"]) and cost["pack_usd"] > 0
+        assert cost["by_component"]["step_functions"] == 0 and reports[1]["cost"]["by_component"]["step_functions"] > 0
+    # tune.json's total is the trials' sum, and that is what the pack cost.
+    rows = sum(r["cost_usd"] for r in pack["trials"])
+    assert pack["total_usd"] == pytest.approx(rows, abs=1e-6)
+    jobs = sum(
+        json.loads((pack_out / "trials" / f"t{t:03d}" / "report.json").read_text())["cost"]["job_usd"] for t in range(3)
+    )
+    assert pack["total_usd"] == pytest.approx(jobs + pack["packs_usd"], abs=1e-6)
+    first = pack["packs"][0]
+    assert first["by_component"]["step_functions"] > 0 and first["loads"] == workers * 10  # each worker loads the split
+    assert first["decisions"] == 3 and first["decide_seconds"] > 0  # two next jobs, then "no more"
+    assert pack["total_usd"] < 0.8 * alone["total_usd"]
 
 
 def test_tune_killed_outright_resumes_without_retraining_finished_rungs_within_its_budget(tiny_ratings, tmp_path):
@@ -115,6 +164,7 @@ def test_tune_killed_outright_resumes_without_retraining_finished_rungs_within_i
     assert resumed.returncode == 0, stderr
     result = json.loads((out / "tune.json").read_text())
     assert result["total_usd"] <= budget
+    assert result["packs"] and {p["pack"] for p in before["packs"]} < {p["pack"] for p in result["packs"]}
     rungs = result["rungs"]
     done_before = {t["id"]: t["rung"] for t in before["search"]["trials"] if t["rung"] >= 0}
     after = result["launches"][len(before["search"]["launches"]) :]

@@ -168,3 +168,28 @@ def test_would_exceed_budget_with_margin():
     assert would_exceed(0.96, 1.00)  # inside the 5 % safety margin
     assert not would_exceed(0.96, 1.00, margin=0.0)
     assert not would_exceed(1e6, None)  # no budget
+
+
+def test_a_job_in_a_trial_pack_pays_what_it_adds_and_the_pack_pays_the_execution_once():
+    """In a pack (``packed``) a job's transitions and invocations are the pack's; its outputs
+    are priced where its report writes them. The pack's own bill: one execution (its states,
+    two per worker invocation), a wave of P workers and a supervisor, its start-up seconds."""
+    from ebb.cost.meter import JobAccount, pack_usage, packed, usage_of
+    from ebb.spec import load_spec
+
+    spec = load_spec(overrides={"model": "pmf", "data": "data/x", "workers": 4})
+    account = JobAccount(
+        wall_seconds=10.0, worker_seconds=40.0, rounds=2, worker_invocations=8, object_puts=10, output_puts=1
+    )
+    alone = usage_of(spec, account)
+    assert (alone.sfn_transitions, alone.invocations, alone.s3_put) == (4 + 2 * 4 + 2 * 8, 8 + 2, 10 + 3)
+    with packed():
+        inside = usage_of(spec, account)
+    assert (inside.sfn_transitions, inside.invocations, inside.s3_put) == (0, 0, 10 + 1)
+    assert (inside.worker_seconds, inside.supervisor_seconds, inside.wall_seconds) == (40.0, 10.0, 10.0)
+    assert usage_of(spec, account).sfn_transitions == alone.sfn_transitions  # only within the block
+
+    pack = pack_usage(spec, seconds=3.5, waves=2, object_gets=4 * 10, object_puts=6)
+    assert pack.sfn_transitions == 4 + 2 * (4 + 2 * 4) and pack.invocations == 2 * (4 + 1)
+    assert (pack.worker_seconds, pack.supervisor_seconds, pack.wall_seconds) == (4 * 3.5, 3.5, 3.5)
+    assert (pack.s3_get, pack.s3_put) == (40, 6)

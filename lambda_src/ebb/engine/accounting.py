@@ -87,8 +87,11 @@ def mean_timing(reports: Mapping[int, StepReport]) -> dict[str, float]:
     return {name: sum(r.timing.get(name, 0.0) for r in reports.values()) / len(reports) for name in phases}
 
 
-def job_account(state: SupervisorState, *, wall_seconds: float, worker_seconds: float, rounds: int) -> JobAccount:
-    """The cost meter's view of a job: ``state``'s counters, with its time and worker time."""
+def job_account(
+    state: SupervisorState, *, wall_seconds: float, worker_seconds: float, rounds: int, output_puts: int = 3
+) -> JobAccount:
+    """The cost meter's view of a job: ``state``'s counters, with its time and worker time
+    (``output_puts``: the outputs written with this account, see ``JobAccount``)."""
     return JobAccount(
         wall_seconds=wall_seconds,
         worker_seconds=worker_seconds,
@@ -98,6 +101,7 @@ def job_account(state: SupervisorState, *, wall_seconds: float, worker_seconds: 
         object_puts=state.checkpoint_puts,
         reports=state.totals.reports,
         directives=state.directives,
+        output_puts=output_puts,
     )
 
 
@@ -152,6 +156,7 @@ class Books:
                 wall_seconds=self.time.elapsed(),
                 worker_seconds=self.worker_seconds(),
                 rounds=self.round + 1,
+                output_puts=0,  # the running cost: the outputs come with the report
             )
         )
 

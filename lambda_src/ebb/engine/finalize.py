@@ -80,9 +80,14 @@ def cpu_per_worker_step(state: SupervisorState) -> dict[str, Any]:
 
 
 def build_report(
-    spec: JobSpec, state: SupervisorState, test_metrics: dict[str, float], finalize_seconds: float
+    spec: JobSpec,
+    state: SupervisorState,
+    test_metrics: dict[str, float],
+    finalize_seconds: float,
+    output_puts: int = 3,
 ) -> dict[str, Any]:
-    """report.json from the supervisor's final state (see the README for every field)."""
+    """report.json from the supervisor's final state (see the README for every field;
+    ``output_puts``: the outputs written with it, as ``cost.meter.JobAccount`` prices them)."""
     o = state.overheads
     # Attempts at a round that were restarted (faults) ran, and were paid for, but their
     # state was thrown away: their time joins the job's (on the host clock, which they ran on).
@@ -105,7 +110,11 @@ def build_report(
     history = state.history
     wall = state.elapsed + (restarted_s if spec.clock.kind == "host" else 0.0)
     account = job_account(
-        state, wall_seconds=wall, worker_seconds=state.worker_seconds + restarted_worker_s, rounds=state.round + 1
+        state,
+        wall_seconds=wall,
+        worker_seconds=state.worker_seconds + restarted_worker_s,
+        rounds=state.round + 1,
+        output_puts=output_puts,
     )
     cost = meter_for(spec)(account)
     hit = state.stop.target_hit

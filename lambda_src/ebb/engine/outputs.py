@@ -47,6 +47,12 @@ def write_outputs(
     return files
 
 
+def write_report_only(out: ObjectStore, report: dict[str, Any]) -> None:
+    """report.json alone: no model, no plot (one PUT: a trial ``ebb tune`` pruned in a pack)."""
+    report.update({"files": {"report": REPORT_KEY}, "model": None})
+    out.put(REPORT_KEY, json.dumps(report, indent=2, default=_jsonable).encode())
+
+
 def _jsonable(value: object) -> object:
     if isinstance(value, (np.floating, np.integer)):
         return value.item()

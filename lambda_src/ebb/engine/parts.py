@@ -1,7 +1,14 @@
-"""A worker's training (or held-out) minibatches: read once, verified, converted, kept."""
+"""A worker's training (or held-out) minibatches: read once, verified, converted, kept.
+
+A *warm* process (``warm_up``: a trial pack's, whose fleet trains one trial after another
+as warm Lambda environments would) holds the training split converted once, process-wide:
+every ``PartCache`` of that data in it, or in a worker process forked from it, takes its
+parts from there without reading (or paying for) them again.
+"""
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -32,6 +39,29 @@ def batch_nbytes(batch: Any) -> int:
     return 0
 
 
+# (the model's batch type, the part's checksum) -> its converted batch; None: not warm.
+_WARM: dict[tuple[str, str], Any] | None = None
+
+
+def warm_up(objects: ObjectStore, manifest: Manifest, model: Model, max_bytes: int) -> dict[str, float] | None:
+    """Read and convert the training split once for this process and those it forks (a
+    warm fleet keeps its shard in memory); returns what that took: ``{"gets", "cpu_seconds",
+    "bytes"}``, or None (nothing kept) when the split is over ``max_bytes`` (one worker's
+    part cache: a function could not keep it, so each job reads its parts, and pays, again)."""
+    global _WARM
+    started = time.process_time()
+    loader = PartCache(objects, manifest, model, split="train", max_bytes=0)  # (kept below, not in it)
+    kept, held = {}, 0
+    for i, info in enumerate(loader.infos):
+        batch = loader.get(i)
+        held += batch_nbytes(batch)
+        if held > max_bytes:
+            return None
+        kept[(type(model).__name__, info.sha256)] = batch
+    _WARM = {**(_WARM or {}), **kept}
+    return {"gets": loader.gets, "cpu_seconds": time.process_time() - started, "bytes": held}
+
+
 class PartCache:
     """The parts of one split, verified against the manifest and converted once (LRU).
 
@@ -56,6 +86,9 @@ class PartCache:
             self._cache.move_to_end(index)
             return batch
         info = self.infos[index]
+        warm = _WARM.get((type(self.model).__name__, info.sha256)) if _WARM is not None else None
+        if warm is not None:
+            return self._keep(index, warm)
         raw = self.objects.get(info.key)
         self.gets += 1
         if checksum(raw) != info.sha256:
@@ -67,6 +100,9 @@ class PartCache:
                 f"dataset part {info.key} cannot be read as a minibatch ({type(exc).__name__}: "
                 f"{str(exc)[:120]}); prepare the dataset again"
             ) from None
+        return self._keep(index, batch)
+
+    def _keep(self, index: int, batch: Any) -> Any:
         size = batch_nbytes(batch)
         if size <= self.max_bytes:
             self._cache[index], self._sizes[index] = batch, size

@@ -37,6 +37,9 @@ Every trial is an ordinary job in OUT/trials/tNNN (checkpoints, report.json, mod
 Trials are compared on the validation metric at rungs of min_epochs x eta^k epochs (at one
 worker's pace); the best 1/eta go on, resuming from their checkpoints (ASHA). At the end:
 a leaderboard, OUT/tune.json, OUT/best/ (the best trial's model and report), OUT/tune.png.
+Here the jobs run in trial packs: one warm fleet trains them one after another (one cold
+start, one load of the data, one execution to pay); --fleets N runs N at once, --no-packs
+gives every job a fleet of its own.
 With --stack the search runs on the stack's Tune state machine: each rung's trials at once
 (nested executions of the training state machine), every trial's job under jobs/<tune>-tNNN,
 the leaderboard and the best trial under s3://<bucket>/tunes/<tune>/ (docs/AWS.md).
@@ -72,6 +75,21 @@ def add_tune(sub) -> None:
         action="store_true",
         help="the built-in space and rungs of the model (lr, l2, optimizer, rank for PMF)",
     )
+    search.add_argument(
+        "--no-packs",
+        dest="packs",
+        action="store_false",
+        help="run each job of a trial on a fleet of its own (cold start, data loading, execution each), "
+        "not in trial packs: warm fleets that train one job after another (the default; cheaper)",
+    )
+    search.add_argument(
+        "--fleets",
+        type=int,
+        default=1,
+        metavar="N",
+        help="trial packs: warm fleets at once, within --parallel (default 1, the cheapest: each fleet "
+        "pays its own cold start and execution; more finish sooner)",
+    )
     p.add_argument("--resume", metavar="OUT", help="carry on with the search in OUT (after a kill); no other arguments")
     aws = p.add_argument_group("on a deployed stack")
     aws.add_argument(
@@ -99,7 +117,7 @@ def cmd_tune(args) -> int:
         return 2
     try:
         if args.resume:
-            if args.job or args.params or args.quick:
+            if args.job or args.params or args.quick or not args.packs or args.fleets != 1:
                 print(
                     "ebb tune: --resume carries on the search as it started: drop the other arguments", file=sys.stderr
                 )
@@ -112,7 +130,10 @@ def cmd_tune(args) -> int:
             base = Base(job_yaml, overrides, args.assignments)
             out = Path(first.out_location)  # --out, the job file's out, else runs/<name>
             tspec = tune_spec(section, first.model, given(args, TUNE_FLAGS), args.params, args.quick)
-            run = LocalTune(out, tspec, base, say)
+            if args.fleets < 1:
+                print("ebb tune: --fleets must be at least 1", file=sys.stderr)
+                return 2
+            run = LocalTune(out, tspec, base, say, packs=args.packs, fleets=args.fleets)
             run.start()
         say(
             f"tuning {len(run.tspec.space)} fields over {run.tspec.trials} trials, rungs at {run.tspec.rungs()} epochs"
@@ -147,6 +168,13 @@ def _tune_on_stack(args) -> int:
 
     if args.resume:
         print("ebb tune: --resume carries on a local search; a stack's search carries on by itself", file=sys.stderr)
+        return 2
+    if not args.packs or args.fleets != 1:
+        print(
+            "ebb tune: --no-packs and --fleets are a local search's: a stack runs each job as an execution of its "
+            "own (docs/AWS.md, Tuning on AWS)",
+            file=sys.stderr,
+        )
         return 2
     try:
         section, job_yaml, overrides = _job_input(args)

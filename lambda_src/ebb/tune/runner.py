@@ -7,6 +7,18 @@ settings, rewritten after every start and end of a job; ``ebb tune --resume OUT`
 kill carries on from it: finished rungs are never trained again, an interrupted job resumes
 from its trial's last complete round.
 
+*Trial packs* (the default; ``--no-packs`` for one process per job): a warm fleet (one by
+default, ``--fleets N`` within the CPU budget) is one process that trains the jobs the
+search hands it one after another, the ASHA decision taken between them, as one execution
+of warm functions would on AWS. It loads the training split once (``trial.warm_fleet``)
+and pays one cold start; its jobs are priced for what each adds (``cost.meter.packed``),
+and a trial it prunes writes its report alone. A fleet the search has no job for ends its
+pack (an idle fleet would be billed); the next job starts a new one. What a pack pays once
+(``cost.meter.pack_cost``: its start, its execution, and its fleet's waits while the search
+decides the next job) is shared by the trials it trained, by their fleet seconds in it:
+each trial's report says its share (``cost.pack_usd``), so ``tune.json``'s ``total_usd``,
+the trials' sum, is what the packs cost.
+
 When the search is over: every trial left between rungs gets its report (status
 ``pruned``), ``OUT/tune.json`` holds the leaderboard, ``OUT/best/`` the best trial's model,
 report and plot, ``OUT/tune.png`` each trial's validation against epochs.
@@ -75,11 +87,21 @@ def unit_steps(spec: JobSpec) -> int:
 class LocalTune:
     """One search, run here. ``say`` gets a line per finished job."""
 
-    def __init__(self, out: Path, tspec: TuneSpec, base: Base, say: Callable[[str], None] = print):
-        self.out, self.tspec, self.base, self.say = out, tspec, base, say
+    def __init__(
+        self,
+        out: Path,
+        tspec: TuneSpec,
+        base: Base,
+        say: Callable[[str], None] = print,
+        packs: bool = True,
+        fleets: int = 1,
+    ):
+        self.out, self.tspec, self.base, self.say, self.use_packs = out, tspec, base, say, packs
+        self.fleets = fleets  # warm fleets at once (packs): each pays its own start
         self.search: Search
         self.wall_before = 0.0
         self._units: dict[int, int] = {}
+        self.packs: list[dict[str, Any]] = []  # every pack: what it paid once, its jobs, each trial's share
 
     # -- state ---------------------------------------------------------------------
     @classmethod
@@ -90,10 +112,18 @@ class LocalTune:
             raise TuneError(f"--resume: {out} holds no search to resume (no readable {STATE})") from None
         b = saved["base"]
         run = cls(
-            out, TuneSpec.model_validate(saved["tune"]), Base(b["job_yaml"], b["overrides"], b["assignments"]), say
+            out,
+            TuneSpec.model_validate(saved["tune"]),
+            Base(b["job_yaml"], b["overrides"], b["assignments"]),
+            say,
+            packs=saved.get("packs_on", False),
+            fleets=saved.get("fleets", 1),
         )
         run.search = Search(run.tspec, saved["search"])
         run.wall_before = saved.get("wall_seconds", 0.0)
+        run.packs = saved.get("packs", [])
+        for pack in run.packs:  # killed mid-pack: it is over, paid for what it ran
+            pack["open"] = False
         return run
 
     def start(self) -> None:
@@ -121,6 +151,9 @@ class LocalTune:
             "base": self.base.state(),
             "search": self.search.state_dict(),
             "wall_seconds": wall,
+            "packs_on": self.use_packs,
+            "fleets": self.fleets,
+            "packs": self.packs,
         }
         tmp = self.out / (STATE + ".tmp")
         tmp.write_text(json.dumps(state, indent=1))
@@ -164,10 +197,15 @@ class LocalTune:
         proc.start()
         return proc
 
-    def finish_job(self, job: Job, code: int) -> None:
+    def finish_job(self, job: Job, code: int, pack: dict[str, Any] | None = None) -> None:
         t = self.search.trials[job.trial]
         spec = self.trial_spec(t)
         got = outcome(spec, self.units(t))
+        if pack is not None:  # the job's fleet seconds in its pack (its share of what the pack paid)
+            seconds = max(0.0, got["wall_seconds"] - t.wall_seconds)
+            pack["jobs"].append({"trial": t.id, "rung": job.rung, "seconds": round(seconds, 4)})
+            self._reshare(pack)
+        got["cost_usd"] += self.pack_usd(t.id)
         error = None
         if code != 0:
             got["status"] = "failed"
@@ -182,8 +220,75 @@ class LocalTune:
             f"{_params_text(t.params)}  ${t.cost_usd:.4f}"
         )
 
+    # -- packs ---------------------------------------------------------------------
+    def pack_usd(self, trial: int) -> float:
+        """Trial ``trial``'s share of what the packs paid once."""
+        return sum(p["shares"].get(str(trial), 0.0) for p in self.packs)
+
+    def _open_pack(self, slot: int, first: Job, redis_url: str) -> _Pack:
+        """A warm fleet for ``slot``: its process, up and with the data loaded; what it paid
+        to get there is charged to ``first``'s trial until its jobs share it."""
+        spec = self.base.spec()
+        record = {"pack": len(self.packs), "slot": slot, "workers": spec.workers, "jobs": [], "open": True}
+        (self.out / "packs").mkdir(parents=True, exist_ok=True)
+        pack = _Pack(record, spec, self.out / "packs" / f"p{record['pack']:03d}.log", redis_url)
+        warm = pack.warm  # blocks until loaded (about what one job's first epoch reads)
+        cold = spec.clock.cold_start_s if spec.clock.kind == "fleet" else 0.0
+        record.update(
+            {
+                "warm": warm,
+                "cold_start_s": cold,
+                "start_seconds": round(cold + (warm["cpu_seconds"] if warm else 0.0), 4),
+                "loads": spec.workers * warm["gets"] if warm else 0,  # every function loads it
+                "decisions": 0,  # the search's, between its jobs: its fleet waits (billed)
+                "decide_seconds": 0.0,
+                "first_trial": first.trial,
+            }
+        )
+        _price(record, spec)
+        record["shares"] = {str(first.trial): record["usd"]}
+        self.search.trials[first.trial].cost_usd += record["usd"]
+        self.packs.append(record)
+        return pack
+
+    def _close_pack(self, pack: _Pack) -> None:
+        """The pack's last job is done: its fleet stops; the fixed cost is shared out again,
+        now that all its jobs (and how many waves of invocations they took) are known."""
+        pack.close()
+        record = pack.record
+        record["open"] = False
+        trained = sum(j["seconds"] for j in record["jobs"])
+        record["waves"] = 1 + int((record["seconds"] + trained) // self.base.spec().round_seconds)
+        _price(record, self.base.spec())
+        self._reshare(record)
+
+    def _decided(self, pack: _Pack) -> None:
+        """The search has decided what ``pack`` does next (a job, or to stop): the time since
+        its last job ended, which its fleet spent waiting, is the pack's. On the fleet clock
+        that is the CPU the search spent deciding (reading the trial's checkpoints, Optuna,
+        its state), as a worker's step is its CPU; on the host clock, the host's time."""
+        if pack.freed_at is None:
+            return
+        record = pack.record
+        fleet = self.base.spec().clock.kind == "fleet"
+        spent = time.process_time() - pack.freed_at[1] if fleet else time.monotonic() - pack.freed_at[0]
+        record["decisions"] += 1
+        record["decide_seconds"] = round(record["decide_seconds"] + spent, 4)
+        pack.freed_at = None
+        _price(record, self.base.spec())
+        self._reshare(record)
+
+    def _reshare(self, record: dict[str, Any]) -> None:
+        """Share ``record``'s fixed cost out again (``_share``), the trials' costs moved with it."""
+        before = dict(record["shares"])
+        _share(record)
+        for key in set(before) | set(record["shares"]):
+            self.search.trials[int(key)].cost_usd += record["shares"].get(key, 0.0) - before.get(key, 0.0)
+
     # -- the loop ------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        if self.use_packs:
+            return self.run_packs()
         from ebb.local.redis_server import RedisServer
 
         started = time.monotonic()
@@ -230,17 +335,102 @@ class LocalTune:
         self._save(wall)
         return self.conclude(wall)
 
+    def run_packs(self) -> dict[str, Any]:
+        """The search in trial packs: a warm fleet per slot of the CPU budget, each training
+        the search's next job as soon as its last is done."""
+        # What a decision reads checkpoints with, imported before the first is timed (a
+        # supervisor function has it loaded: its cold start).
+        import ebb.local.runner  # noqa: F401
+        from ebb.local.redis_server import RedisServer
+
+        started = time.monotonic()
+        workers = self.base.spec().workers
+        slots: list[_Pack | None] = [None] * max(1, min(self.fleets, self.tspec.cpu_budget() // workers))
+        pending = self.search.interrupted_jobs()
+        try:
+            with RedisServer() as server:
+                while True:
+                    for i, pack in enumerate(slots):
+                        if pack is not None and pack.job is not None:
+                            continue
+                        if pack is not None and not pack.alive():  # (its job failed with it)
+                            self._close_pack(pack)
+                            pack = slots[i] = None
+                        if pending:
+                            job = pending.pop(0)
+                            self.search.start(job)
+                        else:
+                            job = self.search.next_job()
+                        if job is None:
+                            if pack is not None:  # nothing for it now: an idle fleet is billed, so it stops
+                                self._decided(pack)
+                                self._close_pack(pack)
+                                slots[i] = None
+                                self._save(self.wall_before + time.monotonic() - started)
+                            continue
+                        if pack is None:
+                            pack = slots[i] = self._open_pack(i, job, server.url)
+                        self.trial_spec(self.search.trials[job.trial])
+                        budget = job.budget_usd
+                        if budget is not None:  # the engine meters the job alone: less its trial's pack share
+                            budget -= self.pack_usd(job.trial)
+                        to_steps = job.to_epochs * self.units(self.search.trials[job.trial])
+                        self._decided(pack)
+                        pack.send(job, str(self.trial_dir(job.trial)), to_steps, budget)
+                        self._save(self.wall_before + time.monotonic() - started)
+                    if not any(p is not None and p.job is not None for p in slots):
+                        break
+                    time.sleep(POLL_S)
+                    for pack in slots:
+                        if pack is None or pack.job is None:
+                            continue
+                        code = pack.done()
+                        if code is not None:
+                            job, pack.job = pack.job, None
+                            pack.freed_at = (time.monotonic(), time.process_time())
+                            self.finish_job(job, code, pack.record)
+                            self._save(self.wall_before + time.monotonic() - started)
+        finally:
+            for pack in slots:  # Ctrl-C or a crash: no fleet outlives the search
+                if pack is not None:
+                    pack.kill()
+        wall = self.wall_before + time.monotonic() - started
+        self._save(wall)
+        return self.conclude(wall)
+
     # -- the results ---------------------------------------------------------------
     def conclude(self, wall: float) -> dict[str, Any]:
         """Reports for the trials the search stopped between rungs, the leaderboard in tune.json,
         the best trial in OUT/best, the plot."""
+        from contextlib import nullcontext
+
+        from ebb.cost.meter import packed
+
         reports = {}
         for t in self.search.trials:
             report_path = self.trial_dir(t.id) / "report.json"
             if not report_path.exists() and t.rung >= 0 and t.status == "paused":
-                close(self.trial_spec(t), "pruned")
+                with packed() if self.use_packs else nullcontext():
+                    close(self.trial_spec(t), "pruned", outputs=not self.use_packs)
+            if report_path.exists() and self.packs:
+                _add_pack_share(report_path, self.pack_usd(t.id))
             reports[t.id] = json.loads(report_path.read_text()) if report_path.exists() else {}
         result = tune_result(self.search, wall, reports, lambda t: str(self.trial_dir(t)))
+        if self.packs:
+            result["packs"] = [{k: v for k, v in p.items() if k != "open"} for p in self.packs]
+            result["packs_usd"] = round(sum(p["usd"] for p in self.packs), 6)
+            # The fleets run side by side, each its packs one after another: the busiest
+            # one's time (its start-ups and jobs; the waits between are left out).
+            busy: dict[int, float] = {}
+            for p in self.packs:
+                busy[p["slot"]] = busy.get(p["slot"], 0.0) + p["seconds"] + sum(j["seconds"] for j in p["jobs"])
+            result["fleet_wall_seconds"] = round(max(busy.values()), 3)
+        # Where the money went: the trials' jobs and the packs' fixed costs, by component.
+        parts = [r.get("cost", {}).get("by_component", {}) for r in reports.values()]
+        parts += [p["by_component"] for p in self.packs]
+        result["cost_by_component"] = {
+            k: round(sum(c.get(k, 0.0) for c in parts), 8) for k in sorted({k for c in parts for k in c})
+        }
         best = self.search.best()
         if best is not None:
             dest = self.out / "best"
@@ -312,6 +502,144 @@ def _job_process(folder: str, to_steps: int, redis_url: str, budget_usd: float |
     sys.exit(run_job(folder, to_steps, redis_url, budget_usd))
 
 
+class _Pack:
+    """A trial pack's process (``_pack_process``), seen from the search: the job it trains."""
+
+    def __init__(self, record: dict[str, Any], spec: JobSpec, log: Path, redis_url: str):
+        self.record, self.redis_url = record, redis_url
+        self.job: Job | None = None
+        # When its last job ended (host time, the search's CPU time), until the search decides.
+        self.freed_at: tuple[float, float] | None = None
+        ctx = mp.get_context("fork")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(
+            target=_pack_process, args=(child, spec.model_dump_json(), str(log)), name=f"ebb-pack-{record['pack']}"
+        )
+        self.proc.start()
+        child.close()
+        try:
+            self.warm: dict[str, float] | None = self.conn.recv()
+        except EOFError:
+            self.kill()
+            raise TuneError(f"a trial pack's process ended while loading the data (see {log})") from None
+
+    def send(self, job: Job, folder: str, to_steps: int, budget_usd: float | None) -> None:
+        self.job = job
+        self.conn.send((folder, to_steps, self.redis_url, budget_usd))
+
+    def done(self) -> int | None:
+        """The job's exit code once it is over (1 if the pack's process died under it)."""
+        try:
+            if self.conn.poll():
+                return self.conn.recv()
+        except (EOFError, OSError):
+            pass
+        if self.proc.exitcode is not None:
+            return self.proc.exitcode or 1
+        return None
+
+    def alive(self) -> bool:
+        return self.proc.exitcode is None
+
+    def close(self) -> None:
+        if self.alive():
+            try:
+                self.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self.proc.join(30)
+        self.kill()
+
+    def kill(self) -> None:
+        if self.proc.exitcode is None:
+            self.proc.terminate()
+            self.proc.join(10)
+            if self.proc.exitcode is None:
+                self.proc.kill()
+                self.proc.join()
+        self.conn.close()
+
+
+def _pack_process(conn, spec_json: str, log_path: str) -> None:
+    """A warm fleet: load the data once, then train each job sent (``None``: stop)."""
+    import traceback
+
+    import torch
+
+    from ebb.cost.meter import packed
+    from ebb.local.redis_server import die_with_parent
+    from ebb.tune.trial import run_job, warm_fleet
+
+    die_with_parent()  # a search killed outright takes its packs with it; --resume runs them again
+    torch.set_num_threads(1)
+
+    def log_to(path: str) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+    log_to(log_path)
+    conn.send(warm_fleet(JobSpec.model_validate_json(spec_json)))
+    while (job := conn.recv()) is not None:
+        folder, to_steps, redis_url, budget = job
+        log_to(os.path.join(folder, "log.txt"))
+        try:
+            with packed():
+                code = run_job(folder, to_steps, redis_url, budget, warm=True)
+        except Exception:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        log_to(log_path)
+        conn.send(code)
+
+
+def _price(record: dict[str, Any], spec: JobSpec) -> None:
+    """What ``record``'s pack pays once, priced (``usd``, ``by_component``)."""
+    from ebb.cost.meter import pack_cost
+
+    # A decision reads the trial's outcome from its checkpoints (latest.json, the supervisor's
+    # state, the best scoring, a worker's checkpoint) and writes the search's state.
+    record["seconds"] = round(record["start_seconds"] + record["decide_seconds"], 4)
+    record["object_gets"] = record["loads"] + 4 * record["decisions"]
+    cost = pack_cost(
+        spec,
+        seconds=record["seconds"],
+        waves=record.get("waves", 1),
+        object_gets=record["object_gets"],
+        object_puts=record["decisions"],
+    )
+    record["usd"] = cost["total_usd"]
+    record["by_component"] = cost["by_component"]
+
+
+def _share(record: dict[str, Any]) -> None:
+    """Share what a pack paid once among the trials it trained, by their fleet seconds in it
+    (all of it on its first job's trial until a job has trained)."""
+    seconds: dict[str, float] = {}
+    for j in record["jobs"]:
+        seconds[str(j["trial"])] = seconds.get(str(j["trial"]), 0.0) + j["seconds"]
+    total = sum(seconds.values())
+    if total > 0:
+        record["shares"] = {k: record["usd"] * v / total for k, v in seconds.items()}
+    else:
+        record["shares"] = {str(record["first_trial"]): record["usd"]}
+
+
+def _add_pack_share(path: Path, share: float) -> None:
+    """A trial's report with its share of its packs' fixed cost: ``cost.pack_usd``, and
+    ``cost.total_usd`` = its jobs' (``cost.job_usd``) + that (written again the same on a rerun)."""
+    report = json.loads(path.read_text())
+    cost = report.get("cost")
+    if not cost:
+        return
+    job = cost.get("job_usd", cost["total_usd"])
+    cost.update({"job_usd": job, "pack_usd": share, "total_usd": job + share})
+    path.write_text(json.dumps(report, indent=2))
+
+
 def _num_parts(spec: JobSpec) -> int:
     from ebb.ports.manifest import load_manifest
     from ebb.stores import open_object_store
@@ -351,9 +679,14 @@ def leaderboard_text(result: dict[str, Any], loss_name: str, where: str = "here"
             f"{r['trial']:>5}  {val:>12}  {r['epochs']:>6.1f}  {r['status']:<13} {r['cost_usd']:>8.4f}  "
             f"{_params_text(r['params'])}"
         )
+    fleets = (
+        f"{len(result['packs'])} trial pack(s), ${result['packs_usd']:.4f} of it paid once by them"
+        if result.get("packs")
+        else "a fleet running each rung at once"
+    )
     lines.append(
         f"total ${result['total_usd']:.4f}; {len(result['trials'])} trials in {result['wall_seconds']:.1f} s {where} "
-        f"({result['fleet_wall_seconds']:.1f} s on a fleet running each rung at once)"
+        f"({result['fleet_wall_seconds']:.1f} s on {fleets})"
     )
     return "\n".join(lines)
 

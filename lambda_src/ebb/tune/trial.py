@@ -31,7 +31,9 @@ def load_trial(folder: str) -> JobSpec:
     return JobSpec.model_validate_json((Path(folder) / TRIAL_SPEC).read_text())
 
 
-def run_job(folder: str, to_steps: int, redis_url: str, budget_usd: float | None) -> int:
+def run_job(folder: str, to_steps: int, redis_url: str, budget_usd: float | None, warm: bool = False) -> int:
+    """``warm``: the job runs in a trial pack (``ebb.tune.runner``), on a fleet that is up
+    already: no cold start (the pack paid it), priced as the pack's (``cost.meter.packed``)."""
     import torch
 
     from ebb.engine import checkpoint
@@ -49,6 +51,8 @@ def run_job(folder: str, to_steps: int, redis_url: str, budget_usd: float | None
     rounds = spec.round_steps or max(2, to_steps - first)
     stop = spec.stop.model_copy(update={"budget_usd": budget_usd})
     spec = spec.model_copy(update={"redis_urls": [redis_url], "stop": stop, "round_steps": rounds})
+    if warm:
+        spec = spec.model_copy(update={"clock": spec.clock.model_copy(update={"cold_start_s": 0.0})})
     torch.set_num_threads(1)
     started = time.monotonic()
     try:
@@ -61,6 +65,20 @@ def run_job(folder: str, to_steps: int, redis_url: str, budget_usd: float | None
         print(f"trial failed: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def warm_fleet(spec: JobSpec) -> dict[str, float] | None:
+    """A trial pack's start: load the training split once, as each of its warm functions
+    would (``engine.parts.warm_up``); None when a function could not keep it."""
+    from ebb.engine.parts import warm_up
+    from ebb.models import build_model
+    from ebb.ports.manifest import load_manifest
+    from ebb.stores import open_object_store
+
+    data = open_object_store(spec.data)
+    manifest = load_manifest(data, spec.data)
+    model = build_model(spec.model, manifest, spec.hyper, spec.seed)
+    return warm_up(data, manifest, model, spec.aws.part_cache_bytes())
 
 
 def outcome(spec: JobSpec, unit_steps: int, store=None) -> dict[str, Any]:
@@ -130,13 +148,14 @@ def best_replica_meta(store) -> dict[str, Any] | None:
         return None
 
 
-def close(spec: JobSpec, status: str) -> dict[str, Any]:
+def close(spec: JobSpec, status: str, outputs: bool = True) -> dict[str, Any]:
     """Report a trial the search left between rungs as a finished job's report is written
     (its best model scored on the test split, the plot), with ``status``; its checkpoints stay,
-    so a later promotion could still resume it."""
+    so a later promotion could still resume it. ``outputs`` False: the report alone (a pack's
+    pruned trial: no model or plot written, nor paid for; its checkpoints hold the model)."""
     from ebb.engine import checkpoint
     from ebb.engine.finalize import best_replica, build_report, evaluate, merged_replica
-    from ebb.engine.outputs import write_outputs
+    from ebb.engine.outputs import write_outputs, write_report_only
     from ebb.local.runner import checkpoints_location
     from ebb.stores import open_object_store
 
@@ -148,14 +167,18 @@ def close(spec: JobSpec, status: str) -> dict[str, Any]:
     _fold_pending_scoring(spec, store, done, state)
     best = best_replica(store)
     replica = best[0] if best else merged_replica(store, done["round"], state.members)
-    report = build_report(spec, state, evaluate(spec, data, replica), time.perf_counter() - started)
+    puts = 3 if outputs else 1
+    report = build_report(spec, state, evaluate(spec, data, replica), time.perf_counter() - started, puts)
     report["status"] = status
     if best:
         meta = best[1]
         report.update(
             {"model": "best", "best_step": meta["step"], "best_epoch": meta["epoch"], "best_val": meta["value"]}
         )
-    write_outputs(open_object_store(spec.out_location), report, replica)
+    if outputs:
+        write_outputs(open_object_store(spec.out_location), report, replica)
+    else:
+        write_report_only(open_object_store(spec.out_location), report)
     return report
 
 
