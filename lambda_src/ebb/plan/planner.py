@@ -39,6 +39,10 @@ from ebb.spec import JobSpec
 
 DEFAULT_WORKERS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_PROFILE_STEPS = 30
+# With a validation target the steps to it, and the tuner's knee, are extrapolated from the
+# profiles' curves: 30 steps put PMF quick's target at 3.0–3.4× its real steps, its tuner
+# gain at 1.23–1.28× for a real 1.00×; 100 steps at 0.64–0.73× and 1.00× (docs/RESULTS-TOOLS.md §9).
+DEFAULT_TARGET_PROFILE_STEPS = 100
 OBJECTIVES = ("perf_per_dollar", "cheapest", "fastest")
 
 
@@ -284,7 +288,7 @@ def make_plan(
     epochs: float | None = None,
     target: float | None = None,
     profile_sizes: Sequence[int] | None = None,
-    profile_steps: int = DEFAULT_PROFILE_STEPS,
+    profile_steps: int | None = None,
     max_usd: float | None = None,
     max_seconds: float | None = None,
     say: Callable[[str], None] = lambda line: None,
@@ -302,6 +306,8 @@ def make_plan(
             epochs = spec.stop.max_epochs
         if target is None and epochs is None:
             raise ValueError("say what the job must reach: --target-val X or --epochs N")
+    if profile_steps is None:
+        profile_steps = DEFAULT_PROFILE_STEPS if target is None else DEFAULT_TARGET_PROFILE_STEPS
     sizes = sorted(set(profile_sizes or default_profile_sizes(workers, num_parts)))
     links = Links.of(spec.clock)
     runs: list[ProfileRun] = []
