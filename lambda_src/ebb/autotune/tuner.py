@@ -105,6 +105,11 @@ judges the eviction on it:
   realised m; the realised gain is the formula's with the realised m and the measured step
   time, and the undo rule above applies to it. Later predictions scale m up by the mean
   excess of the realised m over the model's (``progress_bias``; never down).
+
+Known limit: the larger fleet's descent at the lower loss is its curve extrapolated 40–90
+steps. At ML-10M shape under lazy Adam the knee's reference curve under-predicted it by about
+a fifth (realised m measured 1.05 where the tuner-off run gives 1.31 over the same steps), and
+φ, measured from the same curve, went to 0 (docs/RESULTS-TOOLS.md §9).
 """
 
 from __future__ import annotations
