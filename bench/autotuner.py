@@ -61,10 +61,11 @@ def logistic_dataset(rows: int, seed: int = 0, shape: str = "planted") -> tuple[
 KNEE_TOLERANCE = {"pmf": 0.1, "sparse_lr": 0.2}
 
 
-def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict) -> dict:
+def cell_spec(model: str, data_dir: str, policy: str, args, target: float, hyper: dict):
+    """The job spec of one arm of a cell (also what ``--plan`` plans)."""
     from sync import clock_fields, fresh_out
 
-    spec = load_spec(
+    return load_spec(
         overrides={
             **clock_fields(args),
             "name": f"bench-autotune-{model}-{policy}",
@@ -97,6 +98,10 @@ def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict
             **{f"hyper.{k}": v for k, v in hyper.items()},
         }
     )
+
+
+def run(model: str, data_dir: str, policy: str, args, target: float, hyper: dict) -> dict:
+    spec = cell_spec(model, data_dir, policy, args, target, hyper)
     print(
         f"-- {model}, {args.workers} workers, tuner {'on' if policy == 'autotune' else 'off'} ({args.clock} clock)",
         flush=True,
@@ -269,6 +274,19 @@ def main(argv=None):
     )
     ap.add_argument("--combine", nargs="+", metavar="JSON", help="only merge the rows of these JSONs, judge, plot")
     ap.add_argument(
+        "--plan",
+        metavar="P,P,...",
+        help="no arms: `ebb plan` the cell's job (its spec and target, profiled on the fleet clock) at these fleet "
+        "sizes and write the predicted tuner gain beside the smaller start's (default JSON "
+        "bench/results/plan/tuner-predicted-<model>-<data>.json)",
+    )
+    ap.add_argument(
+        "--profile-steps",
+        type=int,
+        default=None,
+        help="--plan: steps each profile runs (default: ebb plan's, 100 to a target)",
+    )
+    ap.add_argument(
         "--json",
         help="output JSON (default bench/results/autotuner/<clock>-<model>-<data>-P<workers>"
         "[-<arms>].json; the PNG beside it)",
@@ -300,13 +318,61 @@ def main(argv=None):
                 args.lr_target or (1.008 * meta["bayes_logloss"] if args.lr_data == "planted" else CRITEO_TARGET),
                 ({"lr": args.lr} if args.lr else {}),
             )
+        if args.plan:
+            plan_cell(model, data_dir, args, target, hyper)
+            continue
         runs: dict[str, list[dict]] = {policy: [] for policy in args.arms.split(",")}
         for _ in range(args.repeats):
             for policy in runs:  # interleaved, so machine noise hits both alike
                 runs[policy].append(run(model, data_dir, policy, args, target, hyper))
         for results in runs.values():
             rows.append({**median_run(results), "target": target, "repeats": [summary(r) for r in results]})
-    summarise(rows, args)
+    if rows:
+        summarise(rows, args)
+
+
+PLAN_FIELDS = (
+    "workers",
+    "steps",
+    "seconds",
+    "usd",
+    "tuner_gain",
+    "tuner_workers",
+    "tuner_knee_step",
+    "tuner_window_steps",
+    "start_gain",
+    "start_workers",
+)
+
+
+def plan_cell(model: str, data_dir: str, args, target: float, hyper: dict) -> None:
+    """``ebb plan`` of the cell's job to its target: the tuner's predicted gain at each size."""
+    import time
+
+    from ebb.plan.planner import make_plan
+
+    spec = cell_spec(model, data_dir, "autotune", args, target, hyper)
+    started = time.monotonic()
+    plan = make_plan(
+        spec,
+        workers=[int(v) for v in args.plan.split(",")],
+        target=target,
+        profile_steps=args.profile_steps,
+        say=lambda line: print(line, flush=True),
+    )
+    rows = [{"model": model, **{k: r.get(k) for k in PLAN_FIELDS}} for r in plan.rows]
+    print_table(rows, [(k, k) for k in ("model", *PLAN_FIELDS)])
+    data = args.pmf_shape if model == "pmf" else args.lr_data
+    write_json(
+        Path(args.json) if args.json else result_path("plan", f"tuner-predicted-{model}-{data}"),
+        {
+            "rows": rows,
+            "target": target,
+            "plan": plan.to_dict(),
+            "plan_host_seconds": round(time.monotonic() - started, 1),
+            "settings": vars(args),
+        },
+    )
 
 
 def summarise(

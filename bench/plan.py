@@ -8,10 +8,11 @@ best measured configuration on that objective.
 
     python bench/plan.py                                   # PMF quick, PMF ML-10M shape, sparse LR Criteo shape
     python bench/plan.py --jobs pmf-quick --workers 4,8    # one job, two sizes
-    python bench/plan.py --workers 8,16,24 --plan-only --label tuner-ceilings   # the tuner's ceilings
+    python bench/plan.py --workers 8,16,24 --plan-only --label tuner-ceilings   # the tuner's gains
 
-``--plan-only`` skips the real runs: the table is the plan's, with each size's ceiling on
-the auto-tuner's Perf/$ gain (``ebb.plan.planner.tuner_ceiling``).
+``--plan-only`` skips the real runs: the table is the plan's, with each size's predicted
+auto-tuner gain (``ebb.plan.planner.tuner_gain``: evictions only past the knee) beside what
+starting smaller would gain (``tuner_ceiling``).
 
 Jobs: ``pmf-quick`` (1M planted ratings, 8 epochs), ``pmf-ml10m`` (10M ratings at
 MovieLens-10M shape, half an epoch, for time: the steps of 5 quick epochs, each a
@@ -98,7 +99,7 @@ def main(argv=None) -> None:
     ap.add_argument("--max-usd", type=float, default=None)
     ap.add_argument("--label", default=None, help="JSON name (default: the jobs)")
     ap.add_argument("--replot", metavar="JSON", help="only draw the plans of a result JSON (beside it)")
-    ap.add_argument("--plan-only", action="store_true", help="no real runs: the plans and the tuner's ceilings")
+    ap.add_argument("--plan-only", action="store_true", help="no real runs: the plans and the tuner's gains")
     args = ap.parse_args(argv)
     if args.replot:
         import json
@@ -125,7 +126,7 @@ def main(argv=None) -> None:
             results[name] = {"plan": plan.to_dict(), "plan_host_seconds": round(plan_s, 1)}
             table += [
                 {"job": name, **{k: r[k] for k in ("workers", "steps", "seconds", "usd", "perf_per_dollar")}}
-                | {"tuner_gain": r["tuner_gain"], "tuner_workers": r["tuner_workers"]}
+                | {k: r.get(k) for k in ("tuner_gain", "tuner_workers", "start_gain", "start_workers")}
                 for r in plan.rows
             ]
             continue
@@ -219,7 +220,7 @@ def main(argv=None) -> None:
 
 
 def plan_only_summary(table: list[dict], results: dict, args) -> None:
-    """The plans' predictions and the tuner's ceilings, printed and written."""
+    """The plans' predictions and the tuner's gains, printed and written."""
     print_table(
         table,
         [
@@ -229,8 +230,10 @@ def plan_only_summary(table: list[dict], results: dict, args) -> None:
             ("seconds", "s predicted"),
             ("usd", "$ predicted"),
             ("perf_per_dollar", "Perf/$"),
-            ("tuner_gain", "tuner ceiling"),
-            ("tuner_workers", "at P"),
+            ("tuner_gain", "tuner gain"),
+            ("tuner_workers", "ends at P"),
+            ("start_gain", "smaller start"),
+            ("start_workers", "at P"),
         ],
     )
     out = write_json(result_path("plan", args.label or "-".join(results)), {"jobs": results, "settings": vars(args)})

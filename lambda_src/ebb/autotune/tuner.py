@@ -81,6 +81,35 @@ the next decision at the smaller fleet the realised ones (the same formula on th
 step time). An eviction whose realised gain comes out below 1 (the knee's, a probe) or
 ``1 − cost_margin`` (a later one) is undone: the tuner asks for a worker back
 (``last_action`` "join") and never evicts at that size again (``floor``).
+
+Progress judgement (with prices): step time alone does not judge an eviction. At ML-10M
+shape under lazy Adam both evictions' step times came out as predicted, yet 6 workers shed
+about half the loss per step that 8 did, beyond the noise model's worst case, and the
+second eviction, 19 steps after the first, came before the first's effect on progress
+could be seen (0.89× Perf/$). So after every eviction the tuner takes no other decision
+until the smaller fleet has run a window long enough to measure its progress, and then
+judges the eviction on it:
+
+* the window: a least-squares slope over n evenly spaced steps of losses with noise σ has
+  standard error σ·√(12/(n(n² − 1))). σ is the residual spread of the raw losses about the
+  pre-eviction curve (the reference curve at the knee, the interval's ``ℓ_p`` later), and
+  the rate expected after the eviction is that curve's descent per step at the eviction
+  over the model's m; n is the smallest window whose slope's standard error is at most
+  ``PROGRESS_PRECISION`` (10 %) of that rate, so a drop in progress of 20 % or more (which
+  turns the 1.03–1.06× the guard takes into a loss) is two standard errors out. At least
+  ``min_fit_points``, at most ``MAX_JUDGE_STEPS``.
+* the measure, at the same loss: the window's straight-line fit gives the smaller fleet's
+  descent per step and the loss at the window's middle; the pre-eviction curve gives the
+  descent per step the larger fleet had *at that loss* (it is behind, where the curve is
+  steeper: comparing at the same step would flatter the eviction). Their ratio is the
+  realised m; the realised gain is the formula's with the realised m and the measured step
+  time, and the undo rule above applies to it. Later predictions scale m up by the mean
+  excess of the realised m over the model's (``progress_bias``; never down).
+
+Known limit: the larger fleet's descent at the lower loss is its curve extrapolated 40–90
+steps. At ML-10M shape under lazy Adam the knee's reference curve under-predicted it by about
+a fifth (realised m measured 1.05 where the tuner-off run gives 1.31 over the same steps), and
+φ, measured from the same curve, went to 0 (docs/RESULTS-TOOLS.md §9).
 """
 
 from __future__ import annotations
@@ -120,6 +149,13 @@ MIN_TIMED_STEPS = 3
 # more than this share, and the fleet is taken to lose this many steps re-settling.
 DEFAULT_COST_MARGIN = 0.02
 DEFAULT_SETTLE_STEPS = 2.0
+
+# Progress judgement: the window after an eviction is sized so that the measured descent
+# per step has at most this relative standard error (the module docstring), within bounds.
+PROGRESS_PRECISION = 0.1
+MAX_JUDGE_STEPS = 2000
+# Raw losses before an eviction whose spread about its curve sizes the window.
+NOISE_POINTS = 100
 
 # The noise ratios φ_P the online measurement chooses from (0: signal-, ∞: noise-dominated).
 NOISE_GRID = (0.0, *np.logspace(-2, 3, 26).tolist(), math.inf)
@@ -312,6 +348,9 @@ class ScaleInTuner:
         if guard is not None:
             reason += f", predicted Perf/$ gain {guard['predicted_gain']:.3f}"
             self._knee_decision(workers, elapsed_s, guard, evict=True)
+            self.decisions[-1].update(
+                self._judge_fields(reference, "reference", self._steps, self._losses, guard["progress_steps"])
+            )
         self._record_eviction(elapsed_s, workers, reason, s_delta=None)
         return reason
 
@@ -323,8 +362,14 @@ class ScaleInTuner:
             return None  # keep waiting; the interval clock is not reset
         steps = [self._steps[i] for i in window]
         elapsed = [self._elapsed[i] for i in window]
+        losses = [self._losses[i] for i in window]
+        pending = self._pending_judgement(workers)
+        if pending is not None and len(window) < pending["judge_steps"]:
+            # The last eviction's effect on progress is not measurable yet: no other
+            # decision; only its step time may already show it losing (cheap, no fit).
+            self._settle_realised(workers)
+            return self._undo_losing_eviction(elapsed_s, workers, steps[-1])
         try:
-            losses = [self._losses[i] for i in window]
             local = fit_local(*_thin(*smooth_points(steps, losses, self.fit_alpha)))
         except ValueError:
             return None
@@ -334,6 +379,8 @@ class ScaleInTuner:
         throughput = self.throughput_after_eviction(workers)
         keeps_pace = throughput is None or throughput >= 1.0 - self.throughput_tolerance
         self._settle_realised(workers)
+        if pending is not None:
+            self._judge_progress(pending, steps, losses, workers)
         if (undo := self._undo_losing_eviction(elapsed_s, workers, steps[-1])) is not None:
             return undo
         self._measure_noise(steps, local, workers)
@@ -358,6 +405,7 @@ class ScaleInTuner:
             reason += f", throughput after {throughput:.3f} of the full fleet's"
         if guard is not None:
             reason += f", predicted Perf/$ gain {guard['predicted_gain']:.3f}"
+            self.decisions[-1].update(self._judge_fields(local, "local", steps, losses, guard["progress_steps"]))
         self._record_eviction(elapsed_s, workers, reason, s_delta=s_delta)
         return reason
 
@@ -433,6 +481,70 @@ class ScaleInTuner:
         ]
         return max(1.0, float(np.mean(ratios))) if ratios else 1.0
 
+    def progress_bias(self) -> float:
+        """How much the m measured after earlier evictions exceeded the model's, on average
+        (1 when it did not: the model is never made more optimistic)."""
+        ratios = [
+            d["realised_progress_steps"] / d["progress_model"]
+            for d in self.decisions
+            if d.get("realised_progress_steps") is not None and d.get("progress_model")
+        ]
+        return max(1.0, float(np.mean(ratios))) if ratios else 1.0
+
+    def _judge_fields(self, curve, kind: str, steps: list[int], losses: list[float], progress: float) -> dict:
+        """What an eviction's progress judgement needs, kept in its decision record: the
+        pre-eviction curve, the losses' spread about it, its descent per step at the
+        eviction, and the window that measures the rate after it to ``PROGRESS_PRECISION``
+        (the module docstring)."""
+        t = np.asarray(steps[-NOISE_POINTS:], dtype=float)
+        y = np.asarray(losses[-NOISE_POINTS:], dtype=float)
+        sigma = float(np.std(y - curve(t), ddof=1)) if t.size > 2 else 0.0
+        rate = _descent(curve, float(steps[-1]))
+        return {
+            "pre_curve": {"kind": kind, **curve.to_dict()},
+            "loss_noise": round(sigma, 8),
+            "pre_rate": rate,
+            "judge_steps": judge_window(sigma, rate / max(progress, 1e-9), self.min_fit_points),
+        }
+
+    def _pending_judgement(self, workers: int) -> dict | None:
+        """The last eviction's record, if it led to this fleet size and its progress is
+        not judged yet (None otherwise, or without prices: no judgement)."""
+        evicted = [d for d in self.decisions if d.get("evict")]
+        if not evicted:
+            return None
+        last = evicted[-1]
+        if last["workers"] != workers + 1 or last.get("undone") or "judge_steps" not in last:
+            return None
+        return None if "realised_progress_steps" in last else last
+
+    def _judge_progress(self, record: dict, steps: list[int], losses: list[float], workers: int) -> None:
+        """The realised m of the eviction ``record`` at the same loss (the module docstring),
+        and its realised gain with it and the measured step time."""
+        t, y = np.asarray(steps, dtype=float), np.asarray(losses, dtype=float)
+        slope, intercept = np.polyfit(t, y, 1)
+        middle = 0.5 * (t[0] + t[-1])
+        level = float(slope * middle + intercept)
+        data = record["pre_curve"]
+        curve = (ReferenceCurve if data["kind"] == "reference" else LocalCurve).from_dict(data)
+        at = _step_at(curve, level, float(record["step"]))
+        model = float(record["progress_steps"])
+        if at is None:
+            m = model  # below where the old fleet's curve levels off: no worse than the model says
+        elif slope >= 0:
+            m = math.inf  # no descent at all since the eviction
+        else:
+            m = _descent(curve, at) / -float(slope)
+        record["progress_model"] = round(model / float(record.get("progress_bias", 1.0)), 6)
+        record["realised_progress_steps"] = _json_float(m if math.isinf(m) else round(m, 4))
+        measured = self._step_times().get(workers, float(record["predicted_step_s"]))
+        gain = (
+            0.0
+            if math.isinf(m)
+            else self.predicted_gain(workers + 1, record["step_s"], measured, record["remaining_s"], m)
+        )
+        record["realised_gain"] = round(gain, 4)
+
     def noise(self, workers: int) -> float:
         """φ = B_noise/B at ``workers`` (math.inf: noise-dominated; the module docstring)."""
         full = self.measured_noise if self.measured_noise is not None else self.noise_ratio
@@ -487,13 +599,17 @@ class ScaleInTuner:
             low, high = (mid, high) if curve(mid) > loss else (low, mid)
         return high
 
-    def predicted_gain(self, workers: int, step_now: float, step_after: float, remaining_s: float) -> float:
+    def predicted_gain(
+        self, workers: int, step_now: float, step_after: float, remaining_s: float, progress: float | None = None
+    ) -> float:
         """The remaining work's Perf/$ with ``workers - 1`` over that with ``workers``
-        (the module docstring's formula; > 1: the eviction pays)."""
+        (the module docstring's formula; > 1: the eviction pays). ``progress``: m, if
+        measured (default: the model's, times ``progress_bias``)."""
         p, w, f = workers, self.worker_usd_s, self.fixed_usd_s
+        m = self.progress_steps(p) * self.progress_bias() if progress is None else progress
         work = max(1.0, max(self.interval_s, remaining_s) / step_now)  # R
         t_now = work * step_now
-        t_after = work * self.progress_steps(p) * step_after + self.settle_steps * step_after
+        t_after = work * m * step_after + self.settle_steps * step_after
         return (t_now * t_now * (p * w + f)) / (t_after * t_after * ((p - 1) * w + f))
 
     def _knee_decision(self, workers: int, elapsed_s: float, guard: dict, *, evict: bool) -> None:
@@ -524,7 +640,8 @@ class ScaleInTuner:
         return {
             "pays": gain > 1.0 + self.cost_margin,
             "predicted_gain": gain,
-            "progress_steps": self.progress_steps(workers),
+            "progress_steps": self.progress_steps(workers) * self.progress_bias(),
+            "progress_bias": self.progress_bias(),
             "noise": self.noise(workers) if self.progress_exponent == 0 else math.inf,
             "step_s": now,
             "predicted_step_s": after,
@@ -571,7 +688,7 @@ class ScaleInTuner:
             return
         last["realised_step_s"] = round(measured, 6)
         last["realised_gain"] = round(
-            self.predicted_gain(workers + 1, last["step_s"], measured, last["remaining_s"]), 4
+            self.predicted_gain(workers + 1, last["step_s"], measured, last["remaining_s"], last["progress_steps"]), 4
         )
 
     def _record_eviction(self, elapsed_s: float, workers: int, reason: str, s_delta: float | None) -> None:
@@ -677,6 +794,7 @@ def _guard_fields(guard: dict) -> dict:
         "predicted_step_s": round(guard["predicted_step_s"], 6),
         "predicted_gain": round(guard["predicted_gain"], 4),
         "progress_steps": round(guard["progress_steps"], 4),
+        "progress_bias": round(guard["progress_bias"], 4),
         "noise": _json_float(guard["noise"] if math.isinf(guard["noise"]) else round(guard["noise"], 4)),
         "remaining_s": round(guard["remaining_s"], 3),
     }
@@ -707,3 +825,38 @@ def _steps_in(horizon_s: float, step_s: float) -> int:
     if step_s <= 0.0:
         return 0
     return int(math.floor(horizon_s / step_s))
+
+
+def judge_window(noise: float, rate: float, min_steps: int) -> int:
+    """Steps after an eviction that measure the descent per step ``rate`` (expected) of
+    losses with spread ``noise`` to ``PROGRESS_PRECISION``: the smallest n with
+    noise·√(12/(n(n² − 1))) ≤ PROGRESS_PRECISION·rate, within [min_steps, MAX_JUDGE_STEPS]."""
+    if rate <= 0:
+        return MAX_JUDGE_STEPS  # no descent expected: nothing to measure against
+    n = min_steps
+    if noise > 0:
+        n = max(n, math.ceil((12.0 * noise * noise / (PROGRESS_PRECISION * rate) ** 2) ** (1.0 / 3.0)) + 1)
+    return int(min(n, MAX_JUDGE_STEPS))
+
+
+def _descent(curve, step: float) -> float:
+    """The curve's descent per step at ``step`` (a central difference over one step)."""
+    return float(curve(max(0.0, step - 0.5)) - curve(step + 0.5))
+
+
+def _step_at(curve, loss: float, start: float) -> float | None:
+    """The step at which a decreasing curve reaches ``loss`` (None: not within a million
+    times ``start``, or the loss is not finite)."""
+    if not math.isfinite(loss):
+        return None
+    if curve(0.0) <= loss:
+        return 0.0
+    low, high = 0.0, max(1.0, start)
+    while curve(high) > loss:
+        low, high = high, 2.0 * high
+        if high > 1e6 * max(1.0, start):
+            return None
+    for _ in range(60):
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if curve(mid) > loss else (low, mid)
+    return high

@@ -55,7 +55,12 @@ def add_plan(sub) -> None:
     p.add_argument("--max-usd", type=float, default=None, help="recommend the fastest within this budget")
     p.add_argument("--max-seconds", type=float, default=None, help="recommend the cheapest within this time")
     p.add_argument("--profile-workers", type=_ints, default=None, help="fleet sizes profiled (default 2,4,8)")
-    p.add_argument("--profile-steps", type=int, default=None, help="steps profiled at each (default 30)")
+    p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=None,
+        help="steps profiled at each (default 30; 100 with a validation target: the profiles' curves extrapolate)",
+    )
     p.add_argument("--plot", metavar="PNG", default=None, help="write time against $ here (default plan.png)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (for scripts)")
     p.set_defaults(func=cmd_plan, spec_flags="plan", plan_flags=flags)
@@ -70,7 +75,7 @@ def _spec(args, job: str | None):
 
 
 def cmd_plan(args) -> int:
-    from ebb.plan.planner import DEFAULT_PROFILE_STEPS, DEFAULT_WORKERS, make_plan, plot, render
+    from ebb.plan.planner import DEFAULT_WORKERS, make_plan, plot, render
     from ebb.spec import SpecError
 
     try:
@@ -87,7 +92,7 @@ def cmd_plan(args) -> int:
             epochs=args.epochs,
             target=target,
             profile_sizes=args.profile_workers,
-            profile_steps=args.profile_steps or DEFAULT_PROFILE_STEPS,
+            profile_steps=args.profile_steps,
             max_usd=args.max_usd,
             max_seconds=args.max_seconds,
             say=lambda line: print(line, file=sys.stderr),

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ebb.cost.meter import JobAccount, meter_for
 from ebb.cost.model import MB_PER_VCPU, perf_per_dollar
 from ebb.engine.cadence import one_worker_epoch
@@ -37,6 +39,10 @@ from ebb.spec import JobSpec
 
 DEFAULT_WORKERS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_PROFILE_STEPS = 30
+# With a validation target the steps to it, and the tuner's knee, are extrapolated from the
+# profiles' curves: 30 steps put PMF quick's target at 3.0–3.4× its real steps, its tuner
+# gain at 1.23–1.28× for a real 1.00×; 100 steps at 0.64–0.73× and 1.00× (docs/RESULTS-TOOLS.md §9).
+DEFAULT_TARGET_PROFILE_STEPS = 100
 OBJECTIVES = ("perf_per_dollar", "cheapest", "fastest")
 
 
@@ -47,6 +53,7 @@ class ProfileRun:
     sample: SizeSample
     curve: tuple[list[float], list[float]]
     host_seconds: float
+    losses: tuple[list[int], list[float]] = ((), ())  # (step, global training loss) of every step
 
 
 def _dataset(spec: JobSpec):
@@ -108,7 +115,8 @@ def profile_size(spec: JobSpec, workers: int, steps: int, *, eval_every: int = 0
     unit = one_worker_epoch(trial, parts)
     split = "val" if manifest.has_val else "test"
     curve = ([(h["step"] + 1) / unit for h in history if split in h], [h[split] for h in history if split in h])
-    return ProfileRun(sample=sample, curve=curve, host_seconds=time.monotonic() - started)
+    losses = ([h["step"] for h in history], [h["loss"] for h in history])
+    return ProfileRun(sample=sample, curve=curve, host_seconds=time.monotonic() - started, losses=losses)
 
 
 def fetch_measure(spec: JobSpec, parts: int = 3) -> tuple[float, int]:
@@ -280,7 +288,7 @@ def make_plan(
     epochs: float | None = None,
     target: float | None = None,
     profile_sizes: Sequence[int] | None = None,
-    profile_steps: int = DEFAULT_PROFILE_STEPS,
+    profile_steps: int | None = None,
     max_usd: float | None = None,
     max_seconds: float | None = None,
     say: Callable[[str], None] = lambda line: None,
@@ -298,6 +306,8 @@ def make_plan(
             epochs = spec.stop.max_epochs
         if target is None and epochs is None:
             raise ValueError("say what the job must reach: --target-val X or --epochs N")
+    if profile_steps is None:
+        profile_steps = DEFAULT_PROFILE_STEPS if target is None else DEFAULT_TARGET_PROFILE_STEPS
     sizes = sorted(set(profile_sizes or default_profile_sizes(workers, num_parts)))
     links = Links.of(spec.clock)
     runs: list[ProfileRun] = []
@@ -326,8 +336,11 @@ def make_plan(
             else:
                 row = predict(spec, model, p, mem, epochs=epochs, **kwargs)
             rows.append({**row, "_share": share})
+    knee = loss_model(spec, runs, num_parts)
     for row in rows:
-        row.update(tuner_ceiling(spec, model, row, num_parts=num_parts, cache_share=row.pop("_share")))
+        share = row.pop("_share")
+        row.update(tuner_ceiling(spec, model, row, num_parts=num_parts, cache_share=share))
+        row.update(tuner_gain(spec, model, row, num_parts=num_parts, cache_share=share, loss=knee))
     best, objective, why = recommend(rows, max_usd=max_usd, max_seconds=max_seconds)
     return Plan(
         rows=rows,
@@ -344,14 +357,12 @@ def make_plan(
 def tuner_ceiling(
     spec: JobSpec, model: StepModel, row: dict[str, Any], *, num_parts: int, cache_share: float
 ) -> dict[str, Any]:
-    """The auto-tuner's attainable Perf/$ gain for a job started at ``row``'s fleet P: the
-    best Perf/$ over the fleets p ≤ P (down to ``scaling.min_workers``) relative to P's, each
-    doing P's minibatches. That is the progress model of the tuner's cost guard past the
-    knee (``ebb.autotune.tuner``, "Cost guard"): noise-dominated, a step's progress is in
-    proportion to its batch, so a smaller fleet needs P/p the steps (exact under
-    ``sync.combine`` sum; under mean the guard's start, which it then measures). A ceiling:
-    the tuner removes one worker at a time and only after the knee, so it attains less, and
-    below about 1.05 it should not evict at all."""
+    """What *starting* smaller would gain over ``row``'s fleet P (``start_gain`` at
+    ``start_workers``): the best Perf/$ over the fleets p ≤ P (down to
+    ``scaling.min_workers``) relative to P's, each doing P's minibatches, a smaller fleet
+    needing P/p the steps (the cost guard's noise-dominated progress model). Not what the
+    auto-tuner attains: it evicts one worker at a time and only after the knee
+    (``tuner_gain``); a smaller start is the plan's own recommendation."""
     P, mem = int(row["workers"]), int(row["memory_mb"])
     epochs = row["steps"] * P / num_parts
     floor = max(1, min(P, spec.scaling.min_workers))
@@ -360,7 +371,157 @@ def tuner_ceiling(
         for p in range(floor, P + 1)
     }
     best = max(ppd, key=lambda p: ppd[p])
-    return {"tuner_gain": ppd[best] / ppd[P] if ppd[P] > 0 else 1.0, "tuner_workers": best}
+    return {"start_gain": ppd[best] / ppd[P] if ppd[P] > 0 else 1.0, "start_workers": best}
+
+
+@dataclass
+class LossModel:
+    """The training loss against progress, from the profiles, for the tuner's knee and its
+    judgement windows: the tuner's own reference curve fitted to the largest profiled
+    fleet's per-step losses (``steps_per_unit`` of its steps a unit of progress, one
+    worker's epoch) and the losses' spread about it at that fleet (``noise``)."""
+
+    curve: Any  # ebb.autotune.curves.ReferenceCurve, in the profiled fleet's steps
+    steps_per_unit: float
+    workers: int
+    noise: float
+
+    def at(self, steps: np.ndarray, steps_per_unit: float) -> np.ndarray:
+        """The loss after ``steps`` of a fleet with ``steps_per_unit``."""
+        return np.asarray(self.curve(np.asarray(steps, float) * self.steps_per_unit / steps_per_unit), float)
+
+
+def loss_model(spec: JobSpec, runs: Sequence[ProfileRun], num_parts: int) -> LossModel | None:
+    """The profiles' loss model (None: no profile's losses can be fitted)."""
+    from ebb.autotune.curves import fit_reference
+    from ebb.autotune.knee import smooth_points
+    from ebb.autotune.tuner import DEFAULT_REFERENCE_RECENCY
+
+    for run in sorted(runs, key=lambda r: -r.sample.workers):
+        steps, losses = (np.asarray(v, float) for v in run.losses)
+        keep = np.isfinite(losses)
+        steps, losses = steps[keep], losses[keep]
+        if steps.size < 8:
+            continue
+        try:
+            curve = fit_reference(*smooth_points(steps, losses, 0.3), recency=DEFAULT_REFERENCE_RECENCY)
+        except ValueError:
+            continue
+        sized = spec.model_copy(update={"workers": run.sample.workers})
+        return LossModel(
+            curve=curve,
+            steps_per_unit=float(one_worker_epoch(sized, num_parts)),
+            workers=run.sample.workers,
+            noise=float(np.std(losses - curve(steps), ddof=1)),
+        )
+    return None
+
+
+def tuner_gain(
+    spec: JobSpec,
+    model: StepModel,
+    row: dict[str, Any],
+    *,
+    num_parts: int,
+    cache_share: float,
+    loss: LossModel | None,
+) -> dict[str, Any]:
+    """The auto-tuner's predicted Perf/$ gain for a job started at ``row``'s fleet P, the
+    tuner as built (``ebb.autotune.tuner``): P workers up to its knee (the knee detector
+    run on the profiles' loss curve at P's steps); then, at each decision, one worker
+    fewer only where the cost guard's formula says it pays, and after each eviction no
+    decision until its judgement window has run (sized from the losses' spread and
+    descent at the knee) nor before an interval ``T``; each smaller fleet needs the
+    guard's m the steps (noise-dominated: progress per step in proportion to the fleet).
+    The rest of the job's steps run at the fleet reached, with the job's fixed costs. The
+    throughput guard applies as in the tuner; s_Δ (which can only refuse more) does not.
+    ``tuner_gain`` None: the profiles' losses give no curve to find a knee on."""
+    from ebb.autotune.knee import KneeDetector
+    from ebb.autotune.tuner import ScaleInTuner, judge_window
+    from ebb.engine.scaling import cost_guard_params
+
+    P, mem, S = int(row["workers"]), int(row["memory_mb"]), int(row["steps"])
+    if loss is None:
+        return {"tuner_gain": None, "tuner_workers": P, "tuner_knee_step": None}
+    s = spec.scaling
+    sized = spec.model_copy(update={"workers": P})
+    unit = float(one_worker_epoch(sized, num_parts))
+    losses = loss.at(np.arange(S), unit)
+    detector = KneeDetector(tolerance=s.knee_tolerance, patience=s.knee_patience, min_drop=s.knee_min_drop)
+    knee = next((t for t, value in enumerate(losses) if detector.update(float(value)) is not None), None)
+    if knee is None or knee + 1 >= S or P <= max(1, s.min_workers):
+        return {"tuner_gain": 1.0, "tuner_workers": P, "tuner_knee_step": knee}
+    floor = max(1, min(P, s.min_workers))
+    epochs = S * P / num_parts
+    step = {
+        p: predict(spec, model, p, mem, num_parts=num_parts, epochs=epochs, cache_share=cache_share)["step_s"]
+        for p in range(floor, P + 1)
+    }
+    guard = ScaleInTuner(
+        interval_s=s.interval_s,
+        horizon_s=min(s.horizon_s, s.interval_s),
+        min_workers=s.min_workers,
+        **cost_guard_params(spec),
+    )
+    guard.reference_workers = P
+    start_s = model.links.cold_start_s + max(0.0, model.first_extra(P - 1))
+    segments = [(P, knee + 1)]  # (fleet, steps)
+    elapsed, done, rate, p = start_s + (knee + 1) * step[P], float(knee + 1), 1.0, P
+    first_window = None
+    while done < S:
+        n = max(1, math.ceil(s.interval_s / step[p]))
+        # The throughput guard, after the knee's eviction (minibatches a second kept within tolerance).
+        keeps_pace = p == P or ((p - 1) / step.get(p - 1, math.inf)) / (P / step[P]) >= 1.0 - s.throughput_tolerance
+        pays = p > floor and guard.predicted_gain(p, step[p], step[p - 1], elapsed) > 1.0 + guard.cost_margin
+        if pays and keeps_pace:
+            m = guard.progress_steps(p)
+            p, rate = p - 1, rate / m
+            segments.append((p, int(guard.settle_steps)))  # re-settling: no progress
+            elapsed += guard.settle_steps * step[p]
+            # The loss's descent per step at P's knee, at this fleet's pace, and its spread
+            # here (the global loss averages the fleet's minibatches).
+            descent = float(losses[knee] - losses[knee + 1]) * rate
+            window = judge_window(loss.noise * math.sqrt(loss.workers / p), descent, guard.min_fit_points)
+            first_window = first_window or window
+            n = max(n, window)
+        n = min(n, math.ceil((S - done) / rate))
+        segments.append((p, n))
+        elapsed += n * step[p]
+        done += n * rate
+    on = _segments_cost(spec, model, mem, segments, step, start_s)
+    off = _segments_cost(spec, model, mem, [(P, S)], step, start_s)
+    return {
+        "tuner_gain": on["perf_per_dollar"] / off["perf_per_dollar"],
+        "tuner_workers": p,
+        "tuner_knee_step": knee,
+        "tuner_window_steps": first_window,
+        "tuner_seconds": on["seconds"],
+        "tuner_usd": on["usd"],
+    }
+
+
+def _segments_cost(
+    spec: JobSpec, model: StepModel, memory_mb: int, segments: Sequence[tuple[int, int]], step: dict, start_s: float
+) -> dict[str, float]:
+    """Time, $ and Perf/$ of a run through ``segments`` (fleet, steps), priced by the engine's meter
+    as ``predict`` prices one fleet (the minibatch reads left out: alike with and without the tuner)."""
+    P = segments[0][0]
+    sized = spec.model_copy(update={"workers": P, "aws": spec.aws.model_copy(update={"memory_mb": memory_mb})})
+    train_s = sum(n * step[p] for p, n in segments)
+    rounds = max(1, math.ceil(train_s / sized.round_seconds))
+    wall = train_s + rounds * start_s
+    account = JobAccount(
+        wall_seconds=wall,
+        worker_seconds=sum(p * n * step[p] for p, n in segments) + P * rounds * start_s,
+        rounds=rounds,
+        worker_invocations=P * rounds,
+        object_gets=0,
+        object_puts=rounds * (P + 1),
+        reports=sum(p * n for p, n in segments),
+        directives=sum(n for _, n in segments),
+    )
+    usd = meter_for(sized)(account)["total_usd"]
+    return {"seconds": wall, "usd": usd, "perf_per_dollar": perf_per_dollar(wall, usd)}
 
 
 def default_profile_sizes(workers: Sequence[int], num_parts: int) -> list[int]:
@@ -381,7 +542,7 @@ def render(plan: Plan, *, target: float | None, epochs: float | None) -> str:
         "lambda_requests": "invoke",
         "step_functions": "sfn",
     }
-    head = f"{'':2}{'P':>3} {'MB':>5} {'steps':>6} {'seconds':>9} {'$':>9} {'Perf/$':>9} {'tuner≤':>9}  " + " ".join(
+    head = f"{'':2}{'P':>3} {'MB':>5} {'steps':>6} {'seconds':>9} {'$':>9} {'Perf/$':>9} {'tuner':>9}  " + " ".join(
         f"{short.get(c, c):>8}" for c in comps
     )
     lines.append(head)
@@ -396,8 +557,8 @@ def render(plan: Plan, *, target: float | None, epochs: float | None) -> str:
         )
     lines.append("* on the Pareto front (no other configuration is both sooner and cheaper); > recommended")
     lines.append(
-        "tuner≤: the most the auto-tuner could gain in Perf/$ started there (the best smaller fleet's, doing the "
-        "same minibatches)"
+        "tuner: the auto-tuner's predicted Perf/$ gain started there (evicting only past the knee, one worker per "
+        "judged window, where the cost guard says it pays) and the fleet it ends at"
     )
     if plan.progress is not None:
         lines.append(
@@ -416,8 +577,10 @@ def render(plan: Plan, *, target: float | None, epochs: float | None) -> str:
 
 
 def _ceiling(row: dict[str, Any]) -> str:
-    gain = row.get("tuner_gain")
-    return "" if gain is None else f"{gain:.2f}× @{row['tuner_workers']}"
+    if "tuner_gain" not in row:
+        return ""
+    gain = row["tuner_gain"]
+    return "?" if gain is None else f"{gain:.2f}× @{row['tuner_workers']}"
 
 
 def plot(plan: Plan, path: str | Path) -> Path:
