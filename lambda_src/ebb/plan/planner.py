@@ -429,7 +429,8 @@ def tuner_gain(
     """The auto-tuner's predicted Perf/$ gain for a job started at ``row``'s fleet P, the
     tuner as built (``ebb.autotune.tuner``): P workers up to its knee (the knee detector
     run on the profiles' loss curve at P's steps); then, at each decision, one worker
-    fewer only where the cost guard's formula says it pays, and after each eviction no
+    fewer only where the cost guard's formula says it pays over the rest of the job and
+    that rest holds ``JUDGE_SHARE`` judgement windows, and after each eviction no
     decision until its judgement window has run (sized from the losses' spread and
     descent at the knee) nor before an interval ``T``; each smaller fleet needs the
     guard's m the steps (noise-dominated: progress per step in proportion to the fleet).
@@ -437,7 +438,7 @@ def tuner_gain(
     throughput guard applies as in the tuner; s_Δ (which can only refuse more) does not.
     ``tuner_gain`` None: the profiles' losses give no curve to find a knee on."""
     from ebb.autotune.knee import KneeDetector
-    from ebb.autotune.tuner import ScaleInTuner, judge_window
+    from ebb.autotune.tuner import JUDGE_SHARE, ScaleInTuner, judge_window
     from ebb.engine.scaling import cost_guard_params
 
     P, mem, S = int(row["workers"]), int(row["memory_mb"]), int(row["steps"])
@@ -472,16 +473,22 @@ def tuner_gain(
         n = max(1, math.ceil(s.interval_s / step[p]))
         # The throughput guard, after the knee's eviction (minibatches a second kept within tolerance).
         keeps_pace = p == P or ((p - 1) / step.get(p - 1, math.inf)) / (P / step[P]) >= 1.0 - s.throughput_tolerance
-        pays = p > floor and guard.predicted_gain(p, step[p], step[p - 1], elapsed) > 1.0 + guard.cost_margin
-        if pays and keeps_pace:
+        # R as the tuner takes it: the steps to the target (its estimate), at most the time so far.
+        rest_s = min(elapsed, (S - done) / rate * step[p])
+        pays, m, window = False, 1.0, 0
+        if p > floor:
             m = guard.progress_steps(p)
+            # The loss's descent per step at P's knee, at the smaller fleet's pace, and its
+            # spread there (the global loss averages the fleet's minibatches): the window
+            # that judges the eviction, which must fit JUDGE_SHARE times in the rest.
+            descent = float(losses[knee] - losses[knee + 1]) * rate / m
+            window = judge_window(loss.noise * math.sqrt(loss.workers / (p - 1)), descent, guard.min_fit_points)
+            gain = guard.predicted_gain(p, step[p], step[p - 1], rest_s)
+            pays = gain > 1.0 + guard.cost_margin and rest_s / step[p] >= JUDGE_SHARE * window
+        if pays and keeps_pace:
             p, rate = p - 1, rate / m
             segments.append((p, int(guard.settle_steps)))  # re-settling: no progress
             elapsed += guard.settle_steps * step[p]
-            # The loss's descent per step at P's knee, at this fleet's pace, and its spread
-            # here (the global loss averages the fleet's minibatches).
-            descent = float(losses[knee] - losses[knee + 1]) * rate
-            window = judge_window(loss.noise * math.sqrt(loss.workers / p), descent, guard.min_fit_points)
             first_window = first_window or window
             n = max(n, window)
         n = min(n, math.ceil((S - done) / rate))
