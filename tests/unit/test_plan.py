@@ -172,7 +172,8 @@ def test_the_plans_tuner_gain_is_the_post_knee_tuners_not_a_smaller_starts():
     row = predict(spec, PLANTED, 16, 1769, num_parts=1600, epochs=4.0)  # 400 steps
     start = tuner_ceiling(spec, PLANTED, row, num_parts=1600, cache_share=1.0)
     # Under mean a unit of progress is 1600 steps at any fleet; the curve bends near step 100.
-    loss = LossModel(curve=ReferenceCurve(theta=(0.02, 1.0, 1.0, 0.5)), steps_per_unit=1600, workers=4, noise=0.002)
+    curve = ReferenceCurve(theta=(0.02, 1.0, 1.0, 0.5))
+    loss = LossModel(curve=curve, steps_per_unit=1600, workers=4, noise=0.002, profiled_steps=100)
     tuned = tuner_gain(spec, PLANTED, row, num_parts=1600, cache_share=1.0, loss=loss)
     detector = KneeDetector(tolerance=0.1, patience=5)
     knee = next(t for t in range(400) if detector.update(float(loss.curve(t))) is not None)
@@ -181,10 +182,20 @@ def test_the_plans_tuner_gain_is_the_post_knee_tuners_not_a_smaller_starts():
     assert start["start_workers"] < tuned["tuner_workers"] < 16
     assert tuned["tuner_window_steps"] >= 10
     # A job that ends before its knee: the tuner never acts.
-    slow = LossModel(curve=ReferenceCurve(theta=(0.0002, 1.0, 1.0, 0.5)), steps_per_unit=1600, workers=4, noise=0.002)
+    slow = LossModel(
+        curve=ReferenceCurve(theta=(0.0002, 1.0, 1.0, 0.5)),
+        steps_per_unit=1600,
+        workers=4,
+        noise=0.002,
+        profiled_steps=100,
+    )
     late = tuner_gain(spec, PLANTED, row, num_parts=1600, cache_share=1.0, loss=slow)
     assert late["tuner_gain"] == 1.0 and late["tuner_workers"] == 16
-    # No loss curve from the profiles: the plan does not guess.
+    # A job of more than TUNER_EXTRAPOLATION times the profiled steps (400 against 30): the
+    # curve cannot place the rest of the job after the knee, and the plan does not guess.
+    short = LossModel(curve=curve, steps_per_unit=1600, workers=4, noise=0.002, profiled_steps=30)
+    assert tuner_gain(spec, PLANTED, row, num_parts=1600, cache_share=1.0, loss=short)["tuner_gain"] is None
+    # No loss curve from the profiles: the plan does not guess either.
     assert tuner_gain(spec, PLANTED, row, num_parts=1600, cache_share=1.0, loss=None)["tuner_gain"] is None
 
 
