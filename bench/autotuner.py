@@ -239,6 +239,11 @@ def main(argv=None):
         choices=["quick", "ml10m"],
         help="PMF data: 1M ratings, or MovieLens-10M shape as bench/sync.py",
     )
+    ap.add_argument(
+        "--pmf-optimizer",
+        choices=["sgd_momentum", "adam"],
+        help="PMF's optimiser (default: the catalogue's; sgd_momentum takes its own lr, 0.02)",
+    )
     ap.add_argument("--lr-rows", type=int, default=4_000_000, help="rows of the planted logistic data")
     ap.add_argument(
         "--lr-target",
@@ -311,7 +316,7 @@ def main(argv=None):
         if model == "pmf":
             data_dir, meta = ratings_dataset(args.pmf_shape, args.seed)
             target = args.pmf_target or (0.56 if args.pmf_shape == "ml10m" else 0.645)
-            hyper = {"rank": 20}
+            hyper = {"rank": 20, **({"optimizer": args.pmf_optimizer} if args.pmf_optimizer else {})}
         else:
             data_dir, meta = logistic_dataset(args.lr_rows, args.seed, args.lr_data)
             target, hyper = (

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ebb.autotune.curves import ReferenceCurve
-from ebb.autotune.tuner import ScaleInTuner
+from ebb.autotune.tuner import JUDGE_SHARE, ScaleInTuner
 from ebb.engine.fleet_clock import Links, WorkerStep, barrier_step_seconds, peer_seconds, worker_seconds
 from ebb.plan.fit import Line, SizeSample, StepModel, epoch_steps, fit_progress, fit_step_model, miss_share, sample_of
 from ebb.plan.planner import pareto_front, predict, recommend, tuner_ceiling
@@ -172,7 +172,8 @@ def test_the_plans_tuner_gain_is_the_post_knee_tuners_not_a_smaller_starts():
     row = predict(spec, PLANTED, 16, 1769, num_parts=1600, epochs=4.0)  # 400 steps
     start = tuner_ceiling(spec, PLANTED, row, num_parts=1600, cache_share=1.0)
     # Under mean a unit of progress is 1600 steps at any fleet; the curve bends near step 100.
-    loss = LossModel(curve=ReferenceCurve(theta=(0.02, 1.0, 1.0, 0.5)), steps_per_unit=1600, workers=4, noise=0.002)
+    curve = ReferenceCurve(theta=(0.02, 1.0, 1.0, 0.5))
+    loss = LossModel(curve=curve, steps_per_unit=1600, workers=4, noise=0.002, profiled_steps=100)
     tuned = tuner_gain(spec, PLANTED, row, num_parts=1600, cache_share=1.0, loss=loss)
     detector = KneeDetector(tolerance=0.1, patience=5)
     knee = next(t for t in range(400) if detector.update(float(loss.curve(t))) is not None)
@@ -181,10 +182,20 @@ def test_the_plans_tuner_gain_is_the_post_knee_tuners_not_a_smaller_starts():
     assert start["start_workers"] < tuned["tuner_workers"] < 16
     assert tuned["tuner_window_steps"] >= 10
     # A job that ends before its knee: the tuner never acts.
-    slow = LossModel(curve=ReferenceCurve(theta=(0.0002, 1.0, 1.0, 0.5)), steps_per_unit=1600, workers=4, noise=0.002)
+    slow = LossModel(
+        curve=ReferenceCurve(theta=(0.0002, 1.0, 1.0, 0.5)),
+        steps_per_unit=1600,
+        workers=4,
+        noise=0.002,
+        profiled_steps=100,
+    )
     late = tuner_gain(spec, PLANTED, row, num_parts=1600, cache_share=1.0, loss=slow)
     assert late["tuner_gain"] == 1.0 and late["tuner_workers"] == 16
-    # No loss curve from the profiles: the plan does not guess.
+    # A job of more than TUNER_EXTRAPOLATION times the profiled steps (400 against 30): the
+    # curve cannot place the rest of the job after the knee, and the plan does not guess.
+    short = LossModel(curve=curve, steps_per_unit=1600, workers=4, noise=0.002, profiled_steps=30)
+    assert tuner_gain(spec, PLANTED, row, num_parts=1600, cache_share=1.0, loss=short)["tuner_gain"] is None
+    # No loss curve from the profiles: the plan does not guess either.
     assert tuner_gain(spec, PLANTED, row, num_parts=1600, cache_share=1.0, loss=None)["tuner_gain"] is None
 
 
@@ -213,18 +224,21 @@ def knee_run(
     steps: int = 1500,
     noise: float = 0.0,
     seed: int = 0,
+    steps_left=None,
 ):
     """A loss with a knee, as the tuner's tests drive it; returns the fleet sizes taken.
     ``peer_s(p)``: the part of a step spent on the peers' updates, as the supervisor
     reports it; ``progress(p)``: how far a step of ``p`` workers moves along the curve;
-    ``noise``: the standard deviation of a step's loss about the curve."""
+    ``noise``: the standard deviation of a step's loss about the curve; ``steps_left(step)``:
+    the supervisor's estimate of the steps to the target."""
     rng = np.random.default_rng(seed)
     p, elapsed, sizes, done = workers, 0.0, [], 0.0
     for step in range(steps):
         elapsed += step_s(p)
         done += progress(p)
         loss = 1 / (0.02 * done + 1) + 0.5 + (rng.normal(0, noise) if noise else 0.0)
-        tuner.observe(step, elapsed, loss, p, peer_s=None if peer_s is None else peer_s(p))
+        left = None if steps_left is None else steps_left(step)
+        tuner.observe(step, elapsed, loss, p, peer_s=None if peer_s is None else peer_s(p), steps_left=left)
         if tuner.decide(elapsed, p) is not None:
             p += 1 if tuner.last_action == "join" else -1
         sizes.append(p)
@@ -275,6 +289,29 @@ def test_the_guard_takes_evictions_that_pay_and_reports_their_realised_effect():
     restored = ScaleInTuner.from_state_dict(guarded.state_dict())
     assert restored.config() == guarded.config()
     assert restored.measured_noise == guarded.measured_noise and restored.peer_time == guarded.peer_time
+
+
+def test_the_guard_refuses_an_eviction_that_too_little_of_the_job_is_left_to_judge():
+    # The run that pays above, with noisy losses (a 46-step judgement window), ending at a
+    # target 80 steps after the knee: the eviction would pay over those steps (gain ≈ 1.04)
+    # but the rest holds fewer than JUDGE_SHARE windows, so it could be neither judged nor
+    # undone in time. With the target 400 steps off the same eviction is taken.
+    def run(steps_left, steps=1500):
+        tuner = ScaleInTuner(min_workers=4, throughput_tolerance=1.0, progress_exponent=0.0, **PRICES)
+        step_s, peer_s = (lambda p: 0.02 + 0.02 * p), (lambda p: 0.02 * (p - 1))
+        sizes = knee_run(tuner, step_s=step_s, peer_s=peer_s, noise=0.006, steps=steps, steps_left=steps_left)
+        return tuner, sizes
+
+    knee = run(None)[0].knee_step
+    near, sizes = run(lambda step: max(0.0, knee + 80 - step), steps=knee + 80)
+    assert set(sizes) == {8}
+    refusal = near.decisions[0]
+    assert refusal["at_knee"] and not refusal["evict"] and not refusal["judgeable"]
+    assert refusal["predicted_gain"] > 1 + near.cost_margin  # it would pay: the judgement alone refuses it
+    far, sizes = run(lambda step: max(0.0, knee + 400 - step), steps=knee + 400)
+    taken = far.decisions[0]
+    assert min(sizes) < 8 and taken["evict"] and taken["judgeable"]
+    assert taken["remaining_s"] / taken["step_s"] >= JUDGE_SHARE * taken["judge_steps"]
 
 
 def test_the_guard_refuses_an_eviction_at_a_noise_dominated_job_where_fewer_workers_lose_progress():

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from ebb.engine.state import Best, StopState, SupervisorState
-from ebb.engine.stopping import improved, settling, stop_reason, take_val, watch
+from ebb.engine.stopping import improved, settling, steps_to_target, stop_reason, take_val, watch
 from ebb.local.progress import WIDTH, progress_line
 from ebb.spec import load_spec
 
@@ -27,6 +29,26 @@ def test_early_stopping_counts_scorings_without_a_better_one():
         stop_reason(stop, spec, loss=0.5, epoch_next=1.0, epoch_limit=100.0, elapsed=1.0, cost_usd=0.0, step=4)
         == "early_stopped"
     )
+
+
+def test_the_steps_to_the_target_come_from_the_last_three_scorings_on_a_line():
+    spec = load_spec(overrides={"data": "d", "workers": 8, "stop.target_val": 0.58})
+    state = SupervisorState.initial(spec)
+    state.history = [{"step": k} for k in range(70)]
+    for k, value in ((19, 0.70), (39, 0.66), (59, 0.64), (64, None)):
+        if value is not None:
+            state.history[k]["test"] = value  # no validation split: the test split stands in
+    # The last three: 0.70, 0.66, 0.64 at 19, 39, 59: slope −0.0015 a step; 0.06 to go from
+    # step 59 is 40 steps, 6 of them gone by step 65.
+    assert steps_to_target(state, spec, 65) == pytest.approx(0.06 / 0.0015 - 6)
+    state.history[69]["test"] = 0.57  # past the target: nothing left
+    assert steps_to_target(state, spec, 69) == 0.0
+    # No target, too few scorings, or no descent: no estimate.
+    assert steps_to_target(state, load_spec(overrides={"data": "d", "workers": 8}), 65) is None
+    assert steps_to_target(state, spec, 45) is None
+    for k, value in ((19, 0.60), (39, 0.62), (59, 0.64)):
+        state.history[k]["test"] = value
+    assert steps_to_target(state, spec, 65) is None
 
 
 def test_a_scoring_while_the_fleet_resettles_after_a_scale_event_is_not_held_against_the_job():

@@ -43,7 +43,14 @@ class ScalingPolicy(Protocol):
     name: str
 
     def observe(
-        self, step: int, elapsed_s: float, loss: float, workers: int, epoch: float, peer_s: float | None = None
+        self,
+        step: int,
+        elapsed_s: float,
+        loss: float,
+        workers: int,
+        epoch: float,
+        peer_s: float | None = None,
+        steps_left: float | None = None,
     ) -> None: ...
 
     def decide(self, step: int, elapsed_s: float, workers: int, epoch: float) -> ScaleDecision | None: ...
@@ -62,7 +69,14 @@ class NoScaling:
         self.min_workers, self.max_workers = min_workers, max_workers
 
     def observe(
-        self, step: int, elapsed_s: float, loss: float, workers: int, epoch: float, peer_s: float | None = None
+        self,
+        step: int,
+        elapsed_s: float,
+        loss: float,
+        workers: int,
+        epoch: float,
+        peer_s: float | None = None,
+        steps_left: float | None = None,
     ) -> None:
         return None
 
@@ -89,9 +103,16 @@ class AutoTunePolicy:
         self.tuner = ScaleInTuner(**tuner_params)
 
     def observe(
-        self, step: int, elapsed_s: float, loss: float, workers: int, epoch: float, peer_s: float | None = None
+        self,
+        step: int,
+        elapsed_s: float,
+        loss: float,
+        workers: int,
+        epoch: float,
+        peer_s: float | None = None,
+        steps_left: float | None = None,
     ) -> None:
-        self.tuner.observe(step, elapsed_s, loss, workers, peer_s=peer_s)
+        self.tuner.observe(step, elapsed_s, loss, workers, peer_s=peer_s, steps_left=steps_left)
 
     def decide(self, step: int, elapsed_s: float, workers: int, epoch: float) -> ScaleDecision | None:
         reason = self.tuner.decide(elapsed_s, workers)
@@ -138,7 +159,14 @@ class SchedulePolicy:
         self.fired = 0  # entries already applied, in epoch order
 
     def observe(
-        self, step: int, elapsed_s: float, loss: float, workers: int, epoch: float, peer_s: float | None = None
+        self,
+        step: int,
+        elapsed_s: float,
+        loss: float,
+        workers: int,
+        epoch: float,
+        peer_s: float | None = None,
+        steps_left: float | None = None,
     ) -> None:
         return None
 

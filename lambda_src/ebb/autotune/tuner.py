@@ -38,9 +38,11 @@ beyond the point where its step time grows as fast as its size — and refuses t
 Cost guard (issue 27; docs/RESULTS-TOOLS.md, "Planning a job"): with the job's prices given
 (``worker_usd_s`` per worker-second, ``fixed_usd_s`` for what bills whatever the fleet:
 supervisor, cache node), every eviction, the knee's included, must also pay for itself.
-An eviction lasts for the rest of the job, whose length is unknown: R, the steps left at
-the current fleet, is taken as the job's time so far (a job past its knee has typically
-about as long again to go), at least one interval. The planner's model predicts the
+An eviction lasts for the rest of the job: R, the steps left at the current fleet, is
+the supervisor's estimate when the job stops at a target (``steps_left``: its held-out
+scorings extrapolated to ``stop.target_val``, ``ebb.engine.stopping.steps_to_target``),
+else the job's time so far (a job past its knee has typically about as long again to go),
+at most the job's time so far, at least one interval. The planner's model predicts the
 remaining job's Perf/$ with one worker fewer::
 
     T = R·d_p                 C = T·(p·w + f)
@@ -106,6 +108,12 @@ judges the eviction on it:
   time, and the undo rule above applies to it. Later predictions scale m up by the mean
   excess of the realised m over the model's (``progress_bias``; never down).
 
+An eviction must also leave room to be judged: R must be at least ``JUDGE_SHARE`` times
+the window that judges it (half the rest of the job to measure it, half for an undo to
+recover or a kept eviction to pay). An eviction taken with less left is a bet the guard
+cannot check; at ML-10M shape under lazy Adam the knee comes with about 90 of 240 steps
+left and a 43–89-step window, and the evictions taken there lost 4–9 % (docs/RESULTS-TOOLS.md §9).
+
 Known limit: the larger fleet's descent at the lower loss is its curve extrapolated 40–90
 steps. At ML-10M shape under lazy Adam the knee's reference curve under-predicted it by about
 a fifth (realised m measured 1.05 where the tuner-off run gives 1.31 over the same steps), and
@@ -153,6 +161,8 @@ DEFAULT_SETTLE_STEPS = 2.0
 # Progress judgement: the window after an eviction is sized so that the measured descent
 # per step has at most this relative standard error (the module docstring), within bounds.
 PROGRESS_PRECISION = 0.1
+# ... and an eviction needs at least this many judgement windows of the job left.
+JUDGE_SHARE = 2.0
 MAX_JUDGE_STEPS = 2000
 # Raw losses before an eviction whose spread about its curve sizes the window.
 NOISE_POINTS = 100
@@ -258,6 +268,7 @@ class ScaleInTuner:
         # Step durations per fleet size, {p: [seconds, steps]}, for the throughput guard,
         # and the last observation (step, elapsed, workers) they are measured from.
         self.step_time: dict[int, list[float]] = {}
+        self.steps_left: float | None = None  # the supervisor's estimate of the steps to the target
         self._last: tuple[int, float, int] | None = None
         # Seconds per step spent on the peers' updates, per fleet size ({p: [seconds, steps]}),
         # and φ_P, the noise ratio at the full fleet measured since (None: not yet).
@@ -272,14 +283,25 @@ class ScaleInTuner:
 
     # -- feeding -----------------------------------------------------------------------
 
-    def observe(self, step: int, elapsed_s: float, loss: float, workers: int, peer_s: float | None = None) -> None:
+    def observe(
+        self,
+        step: int,
+        elapsed_s: float,
+        loss: float,
+        workers: int,
+        peer_s: float | None = None,
+        steps_left: float | None = None,
+    ) -> None:
         """Record the global training loss of a completed step (and ``peer_s``, the part of
-        its time the workers spent reading and applying their peers' updates, if known).
+        its time the workers spent reading and applying their peers' updates, if known;
+        ``steps_left``, the supervisor's estimate of the steps to the job's target, if any:
+        the cost guard's R, refreshed every step and so not checkpointed).
 
         Non-finite losses are ignored (a diverging run is the stop criteria's business,
         and one NaN would poison every fit).
         """
         self._tally_step_time(int(step), float(elapsed_s), int(workers))
+        self.steps_left = None if steps_left is None or not math.isfinite(steps_left) else max(0.0, float(steps_left))
         if peer_s is not None and math.isfinite(peer_s) and peer_s >= 0:
             tally = self.peer_time.setdefault(int(workers), [0.0, 0])
             tally[0] += float(peer_s)
@@ -334,7 +356,8 @@ class ScaleInTuner:
         self.reference = reference
         self.reference_step_s = step_s
         self.reference_workers = int(workers)
-        guard = self.cost_guard(workers, elapsed_s)
+        judge = self._judge_fields(reference, "reference", self._steps, self._losses, self._model_progress(workers))
+        guard = self.cost_guard(workers, elapsed_s, judge["judge_steps"])
         if guard is not None and not guard["pays"]:
             self._settle_realised(workers)
             self._knee_decision(workers, elapsed_s, guard, evict=False)
@@ -348,9 +371,7 @@ class ScaleInTuner:
         if guard is not None:
             reason += f", predicted Perf/$ gain {guard['predicted_gain']:.3f}"
             self._knee_decision(workers, elapsed_s, guard, evict=True)
-            self.decisions[-1].update(
-                self._judge_fields(reference, "reference", self._steps, self._losses, guard["progress_steps"])
-            )
+            self.decisions[-1].update(judge)
         self._record_eviction(elapsed_s, workers, reason, s_delta=None)
         return reason
 
@@ -384,7 +405,8 @@ class ScaleInTuner:
         if (undo := self._undo_losing_eviction(elapsed_s, workers, steps[-1])) is not None:
             return undo
         self._measure_noise(steps, local, workers)
-        guard = self.cost_guard(workers, elapsed_s)
+        judge = self._judge_fields(local, "local", steps, losses, self._model_progress(workers))
+        guard = self.cost_guard(workers, elapsed_s, judge["judge_steps"])
         pays = guard is None or guard["pays"]
         evict = s_delta is not None and s_delta < self.tolerance and keeps_pace and pays
         self.decisions.append(
@@ -405,7 +427,7 @@ class ScaleInTuner:
             reason += f", throughput after {throughput:.3f} of the full fleet's"
         if guard is not None:
             reason += f", predicted Perf/$ gain {guard['predicted_gain']:.3f}"
-            self.decisions[-1].update(self._judge_fields(local, "local", steps, losses, guard["progress_steps"]))
+            self.decisions[-1].update(judge)
         self._record_eviction(elapsed_s, workers, reason, s_delta=s_delta)
         return reason
 
@@ -607,7 +629,7 @@ class ScaleInTuner:
         measured (default: the model's, times ``progress_bias``)."""
         p, w, f = workers, self.worker_usd_s, self.fixed_usd_s
         m = self.progress_steps(p) * self.progress_bias() if progress is None else progress
-        work = max(1.0, max(self.interval_s, remaining_s) / step_now)  # R
+        work = max(1.0, remaining_s / step_now)  # R (``remaining_s`` has its floor)
         t_now = work * step_now
         t_after = work * m * step_after + self.settle_steps * step_after
         return (t_now * t_now * (p * w + f)) / (t_after * t_after * ((p - 1) * w + f))
@@ -627,8 +649,21 @@ class ScaleInTuner:
             }
         )
 
-    def cost_guard(self, workers: int, elapsed_s: float) -> dict | None:
-        """Whether evicting one of ``workers`` pays for itself (None: no prices, guard off)."""
+    def _model_progress(self, workers: int) -> float:
+        """The m the guard prices an eviction from ``workers`` with (the model's, times ``progress_bias``)."""
+        return self.progress_steps(workers) * self.progress_bias() if workers >= 2 else 1.0
+
+    def remaining_s(self, elapsed_s: float, step_s: float) -> float:
+        """R in seconds (the module docstring): the supervisor's steps to the target (at least
+        one step), else the job's time so far (at least one interval); never more than the latter."""
+        rest = max(self.interval_s, float(elapsed_s))
+        if self.steps_left is not None:
+            rest = min(rest, max(step_s, self.steps_left * step_s))
+        return rest
+
+    def cost_guard(self, workers: int, elapsed_s: float, judge_steps: int | None = None) -> dict | None:
+        """Whether evicting one of ``workers`` pays for itself and leaves ``JUDGE_SHARE`` times
+        ``judge_steps`` (its judgement window) of the job to judge it (None: no prices, guard off)."""
         if self.worker_usd_s <= 0 or workers < 2:
             return None
         measured = self._step_times()
@@ -636,16 +671,19 @@ class ScaleInTuner:
         after = self._step_after(workers, measured)
         if now is None or after is None or now <= 0:
             return None
-        gain = self.predicted_gain(workers, now, after, elapsed_s)
+        remaining = self.remaining_s(elapsed_s, now)
+        gain = self.predicted_gain(workers, now, after, remaining)
+        judgeable = judge_steps is None or remaining / now >= JUDGE_SHARE * judge_steps
         return {
-            "pays": gain > 1.0 + self.cost_margin,
+            "pays": gain > 1.0 + self.cost_margin and judgeable,
+            "judgeable": judgeable,
             "predicted_gain": gain,
             "progress_steps": self.progress_steps(workers) * self.progress_bias(),
             "progress_bias": self.progress_bias(),
             "noise": self.noise(workers) if self.progress_exponent == 0 else math.inf,
             "step_s": now,
             "predicted_step_s": after,
-            "remaining_s": max(self.interval_s, float(elapsed_s)),
+            "remaining_s": remaining,
         }
 
     def _undo_losing_eviction(self, elapsed_s: float, workers: int, step: int) -> str | None:
@@ -797,6 +835,7 @@ def _guard_fields(guard: dict) -> dict:
         "progress_bias": round(guard["progress_bias"], 4),
         "noise": _json_float(guard["noise"] if math.isinf(guard["noise"]) else round(guard["noise"], 4)),
         "remaining_s": round(guard["remaining_s"], 3),
+        "judgeable": guard["judgeable"],
     }
 
 

@@ -79,6 +79,37 @@ def take_scoring(
     return early
 
 
+def steps_to_target(state: SupervisorState, spec: JobSpec, step: int, *, scan: int = 4000) -> float | None:
+    """Steps left after ``step`` until ``stop.target_val``, from the held-out scorings so
+    far: the last three extrapolated along a straight line (None without a target, three
+    scorings in the last ``scan`` steps, or a descent). A descending metric flattens, so
+    the line puts the target sooner than it comes: the estimate errs towards a short rest
+    of the job, and the auto-tuner's cost guard, which reads it, towards fewer evictions."""
+    target = spec.stop.target_val
+    if target is None:
+        return None
+    points: list[tuple[int, float]] = []
+    split: str | None = None
+    for k in range(min(step, len(state.history) - 1), max(-1, step - scan), -1):
+        entry_k = state.history[k]
+        if split is None:
+            split = "val" if "val" in entry_k else "test" if "test" in entry_k else None
+        if split is not None and split in entry_k:
+            points.append((k, float(entry_k[split])))
+            if len(points) == 3:
+                break
+    if len(points) < 3:
+        return None
+    xs = [float(k) for k, _ in points]
+    ys = [v for _, v in points]
+    mx, my = sum(xs) / 3, sum(ys) / 3
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    if not slope < 0:
+        return None
+    last_step, last_value = points[0]
+    return max(0.0, (last_value - target) / -slope - (step - last_step))
+
+
 def stop_reason(
     stop: StopState,
     spec: JobSpec,

@@ -298,7 +298,8 @@ class Supervisor:
             cost_usd=cost_usd,
             step=k,
         )
-        self.policy.observe(k, elapsed, loss, len(s.members), epoch, peer_s=peer_s)
+        steps_left = stopping.steps_to_target(s, self.spec, k)
+        self.policy.observe(k, elapsed, loss, len(s.members), epoch, peer_s=peer_s, steps_left=steps_left)
         directive = Directive(step=nxt, round=self.round, stop=bool(s.stop.reason))
         if s.stop.reason:
             s.stop.step = nxt

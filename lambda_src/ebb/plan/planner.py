@@ -43,6 +43,8 @@ DEFAULT_PROFILE_STEPS = 30
 # profiles' curves: 30 steps put PMF quick's target at 3.0–3.4× its real steps, its tuner
 # gain at 1.23–1.28× for a real 1.00×; 100 steps at 0.64–0.73× and 1.00× (docs/RESULTS-TOOLS.md §9).
 DEFAULT_TARGET_PROFILE_STEPS = 100
+# The tuner's gain is predicted only for jobs of at most this many times the profiled steps.
+TUNER_EXTRAPOLATION = 10.0
 OBJECTIVES = ("perf_per_dollar", "cheapest", "fastest")
 
 
@@ -385,6 +387,7 @@ class LossModel:
     steps_per_unit: float
     workers: int
     noise: float
+    profiled_steps: float = 0.0  # how far the profile's losses go, in its fleet's steps
 
     def at(self, steps: np.ndarray, steps_per_unit: float) -> np.ndarray:
         """The loss after ``steps`` of a fleet with ``steps_per_unit``."""
@@ -413,6 +416,7 @@ def loss_model(spec: JobSpec, runs: Sequence[ProfileRun], num_parts: int) -> Los
             steps_per_unit=float(one_worker_epoch(sized, num_parts)),
             workers=run.sample.workers,
             noise=float(np.std(losses - curve(steps), ddof=1)),
+            profiled_steps=float(steps.max()),
         )
     return None
 
@@ -429,15 +433,20 @@ def tuner_gain(
     """The auto-tuner's predicted Perf/$ gain for a job started at ``row``'s fleet P, the
     tuner as built (``ebb.autotune.tuner``): P workers up to its knee (the knee detector
     run on the profiles' loss curve at P's steps); then, at each decision, one worker
-    fewer only where the cost guard's formula says it pays, and after each eviction no
+    fewer only where the cost guard's formula says it pays over the rest of the job and
+    that rest holds ``JUDGE_SHARE`` judgement windows, and after each eviction no
     decision until its judgement window has run (sized from the losses' spread and
     descent at the knee) nor before an interval ``T``; each smaller fleet needs the
     guard's m the steps (noise-dominated: progress per step in proportion to the fleet).
     The rest of the job's steps run at the fleet reached, with the job's fixed costs. The
     throughput guard applies as in the tuner; s_Δ (which can only refuse more) does not.
-    ``tuner_gain`` None: the profiles' losses give no curve to find a knee on."""
+    ``tuner_gain`` None: the profiles' losses give no curve to find a knee on, or the job
+    runs more than ``TUNER_EXTRAPOLATION`` times the steps they cover (the tuner's gain is
+    made after the knee, and a curve extrapolated that far does not place the rest of the
+    job: PMF at the quick shape on SGD, profiled over its first 100 steps, a plateau, was
+    put at 8,113 steps to a target it reached in ~450)."""
     from ebb.autotune.knee import KneeDetector
-    from ebb.autotune.tuner import ScaleInTuner, judge_window
+    from ebb.autotune.tuner import JUDGE_SHARE, ScaleInTuner, judge_window
     from ebb.engine.scaling import cost_guard_params
 
     P, mem, S = int(row["workers"]), int(row["memory_mb"]), int(row["steps"])
@@ -446,6 +455,9 @@ def tuner_gain(
     s = spec.scaling
     sized = spec.model_copy(update={"workers": P})
     unit = float(one_worker_epoch(sized, num_parts))
+    covered = loss.profiled_steps * unit / loss.steps_per_unit  # the profile's reach, in P's steps
+    if S > TUNER_EXTRAPOLATION * max(covered, 1.0):
+        return {"tuner_gain": None, "tuner_workers": P, "tuner_knee_step": None}
     losses = loss.at(np.arange(S), unit)
     detector = KneeDetector(tolerance=s.knee_tolerance, patience=s.knee_patience, min_drop=s.knee_min_drop)
     knee = next((t for t, value in enumerate(losses) if detector.update(float(value)) is not None), None)
@@ -472,16 +484,22 @@ def tuner_gain(
         n = max(1, math.ceil(s.interval_s / step[p]))
         # The throughput guard, after the knee's eviction (minibatches a second kept within tolerance).
         keeps_pace = p == P or ((p - 1) / step.get(p - 1, math.inf)) / (P / step[P]) >= 1.0 - s.throughput_tolerance
-        pays = p > floor and guard.predicted_gain(p, step[p], step[p - 1], elapsed) > 1.0 + guard.cost_margin
-        if pays and keeps_pace:
+        # R as the tuner takes it: the steps to the target (its estimate), at most the time so far.
+        rest_s = min(elapsed, (S - done) / rate * step[p])
+        pays, m, window = False, 1.0, 0
+        if p > floor:
             m = guard.progress_steps(p)
+            # The loss's descent per step at P's knee, at the smaller fleet's pace, and its
+            # spread there (the global loss averages the fleet's minibatches): the window
+            # that judges the eviction, which must fit JUDGE_SHARE times in the rest.
+            descent = float(losses[knee] - losses[knee + 1]) * rate / m
+            window = judge_window(loss.noise * math.sqrt(loss.workers / (p - 1)), descent, guard.min_fit_points)
+            gain = guard.predicted_gain(p, step[p], step[p - 1], rest_s)
+            pays = gain > 1.0 + guard.cost_margin and rest_s / step[p] >= JUDGE_SHARE * window
+        if pays and keeps_pace:
             p, rate = p - 1, rate / m
             segments.append((p, int(guard.settle_steps)))  # re-settling: no progress
             elapsed += guard.settle_steps * step[p]
-            # The loss's descent per step at P's knee, at this fleet's pace, and its spread
-            # here (the global loss averages the fleet's minibatches).
-            descent = float(losses[knee] - losses[knee + 1]) * rate
-            window = judge_window(loss.noise * math.sqrt(loss.workers / p), descent, guard.min_fit_points)
             first_window = first_window or window
             n = max(n, window)
         n = min(n, math.ceil((S - done) / rate))
