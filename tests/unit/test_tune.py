@@ -243,5 +243,72 @@ def test_the_start_point_is_the_base_job_as_it_would_train(small_ratings):
         "hyper.rank": {"choice": [10, 20, 40]},
     }
     point = start_point(_spec(space=space), base, manifest)
-    assert point == {"hyper.l2": auto_hyper("pmf", manifest)["l2"], "hyper.optimizer": "adam", "hyper.rank": 20}
-    assert start_point(_spec(space=space, from_base=False), base, manifest) == {}
+    auto_l2 = auto_hyper("pmf", manifest)["l2"]
+    assert point == {"hyper.lr": 0.5, "hyper.l2": auto_l2, "hyper.optimizer": "adam", "hyper.rank": 20}
+    search = Search(_spec(space=space), start=point)
+    assert search.first == {"hyper.l2": auto_l2, "hyper.optimizer": "adam", "hyper.rank": 20}  # lr 0.5 is outside
+    assert Search(_spec(space=space, from_base=False), start=point).first == {}
+
+
+def test_relative_bounds_are_multiples_of_the_base_jobs_value(small_ratings):
+    """``relative``: the space is centred on the value the base job trains with (PMF's l2
+    from the data's shape), and a resumed search keeps the same bounds."""
+    from ebb.models import auto_hyper
+    from ebb.ports.manifest import load_manifest
+    from ebb.spec import parse_spec
+    from ebb.stores.local import FolderObjectStore
+    from ebb.tune.space import start_point
+
+    field, param = parse_param("hyper.l2=log_uniform:0.5x,2x")
+    assert param.relative and param.log_uniform == (0.5, 2)
+    assert param.distribution(0.1) == FloatDistribution(0.05, 0.2, log=True)
+    assert parse_param("hyper.rank=log_uniform:0.5x,2x")[1].distribution(20) == IntDistribution(10, 40, log=True)
+    with pytest.raises(SpecError, match="base job's value above 0"):
+        param.distribution(None)
+    with pytest.raises(SpecError, match="bounds only"):
+        tune_spec({"space": {"hyper.rank": {"choice": [10, 20], "relative": True}}}, "pmf", {}, [], quick=False)
+
+    data, _ = small_ratings
+    manifest = load_manifest(FolderObjectStore(data), data)
+    base = parse_spec({"model": "pmf", "data": data}, "job")
+    spec = _spec(space={**SPACE, "hyper.l2": {"log_uniform": [0.5, 2.0], "relative": True}})
+    point = start_point(spec, base, manifest)
+    auto_l2 = auto_hyper("pmf", manifest)["l2"]
+    search, trials = Search(spec, start=point), FakeTrials()
+    assert search.distributions["hyper.l2"] == FloatDistribution(0.5 * auto_l2, 2 * auto_l2, log=True)
+    assert search.first == {"hyper.lr": 0.03, "hyper.l2": auto_l2, "hyper.rank": 20}
+    drive(search, trials, stop_after=3)
+    resumed = Search(spec, search.state_dict())
+    assert resumed.distributions == search.distributions and resumed.first == search.first
+    assert all(0.5 * auto_l2 <= t.params["hyper.l2"] <= 2 * auto_l2 for t in search.trials)
+    # A bound the field cannot take, once resolved, is refused before anything trains.
+    negative = _spec(space={"hyper.l2": {"uniform": [-1.0, 2.0], "relative": True}})
+    with pytest.raises(SpecError, match="hyper.l2"):
+        start_point(negative, base, manifest)
+    unset = _spec(space={"hyper.momentum": {"uniform": [0.5, 1.5], "relative": True}})
+    with pytest.raises(SpecError, match="tune.space.hyper.momentum"):
+        start_point(unset, parse_spec({"model": "sparse_lr", "data": data}, "job"), manifest)
+
+
+def test_the_base_trial_is_promoted_even_when_it_starts_slowly():
+    """The defaults are tuned for a whole run: at the first rung the base trial may trail
+    settings that start fast and end worse. It goes on anyway (and here wins)."""
+
+    class SlowStarter(FakeTrials):
+        def run(self, search, job):
+            out = super().run(search, job)
+            if job.trial == 0:  # the best floor of all, but the worst score at 1 epoch
+                out.curve = [[e, 0.9 + 2.0 / e**2] for e, _ in out.curve]
+                out.best_val = min(v for _, v in out.curve)
+            return out
+
+    start = {"hyper.lr": 0.02, "hyper.rank": 20}
+    search, trials = Search(_spec(), start=start), SlowStarter()
+    drive(search, trials)
+    base = search.trials[0]
+    assert base.params == start and base.scores[0] == max(t.scores[0] for t in search.trials)
+    assert base.rung == search.top and search.best() is base
+    # Without from_base the same slow starter is dropped at the first rung.
+    plain, trials = Search(_spec(from_base=False), start=start), SlowStarter()
+    drive(plain, trials)
+    assert plain.trials[0].rung == 0 and plain.best() is not plain.trials[0]
