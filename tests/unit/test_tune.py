@@ -154,6 +154,39 @@ def test_the_budget_is_never_passed(budget):
         assert len(search.trials) < 12
 
 
+class StartCosts(FakeTrials):
+    """Each job also pays a start (a supervisor, Step Functions transitions) before its first
+    epoch, as on AWS: the engine cannot stop a job before it has paid that."""
+
+    START_USD = 0.004
+
+    def run(self, search: Search, job: Job) -> Outcome:
+        t = search.trials[job.trial]
+        out = super().run(search, job.__class__(**{**job.__dict__, "budget_usd": None}))
+        trained = out.epochs - job.from_epochs
+        if job.budget_usd is not None:  # the start first, then the epochs the budget leaves
+            left = job.budget_usd - t.cost_usd - self.START_USD
+            affordable = max(0, math.floor(left / USD_PER_EPOCH + 1e-9))
+            if affordable < trained:
+                trained, out.status = affordable, "budget"
+                self.trained[t.id] -= out.epochs - job.from_epochs - trained
+        out.epochs = job.from_epochs + trained
+        out.curve = out.curve[: int(out.epochs)]
+        out.best_val = min((v for _, v in out.curve), default=None)
+        out.cost_usd = t.cost_usd + self.START_USD + trained * USD_PER_EPOCH
+        return out
+
+
+@pytest.mark.parametrize("budget", [0.03, 0.04, 0.05, 0.06, 0.08])
+def test_a_promotion_that_does_not_fit_the_budget_leaves_it_to_new_trials(budget):
+    """The base trial is promoted first; when its next rung does not fit what is left, new
+    trials' first rungs still may (the search does not end with the budget unspent)."""
+    search = Search(_spec(budget_usd=budget), start={"hyper.lr": 0.02, "hyper.rank": 20})
+    drive(search, StartCosts())
+    assert search.trials[0].rung >= 1 and len(search.trials) > 1
+    assert 0 < search.spent_usd <= budget + 1e-12
+
+
 def test_a_search_resumed_from_its_state_carries_on_without_training_anything_twice():
     spec, trials = _spec(), FakeTrials()
     first = Search(spec)

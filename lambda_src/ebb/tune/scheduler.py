@@ -182,16 +182,15 @@ class Search:
         running = any(t.running for t in self.trials)
         more = len(self.trials) < self.spec.trials
         found = self._promotable(closing=not more and not running)
-        if found is not None:
-            t, rung = found
-        elif more:
-            t, rung = None, 0
+        # A promotion first; when it does not fit the budget, a new trial's first rung may.
+        options = ([found] if found is not None else []) + ([(None, 0)] if more else [])
+        for t, rung in options:
+            from_epochs = t.epochs if t is not None else 0.0
+            to_epochs = self.rungs[rung]
+            allowance = self._allowance(t, to_epochs - from_epochs)
+            if allowance is None or allowance > 0:
+                break
         else:
-            return None
-        from_epochs = t.epochs if t is not None else 0.0
-        to_epochs = self.rungs[rung]
-        allowance = self._allowance(t, to_epochs - from_epochs)
-        if allowance is not None and allowance <= 0:
             return None
         per = self._per_epoch(t)
         if t is None:
