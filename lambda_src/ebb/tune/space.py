@@ -207,15 +207,16 @@ class TuneSpec(BaseModel):
 # Centred on the base job (relative bounds): PMF's l2 around the value the data's shape
 # gives (the best l2 on the presets lay at 0.6-1.2x it), lr around the optimiser's
 # default; sparse LR's lr_decay and a smaller l2, where its best settings lay. The first
-# rung is 4 epochs: validation at 1-3 epochs ranks PMF trials poorly (Spearman 0.2-0.5
-# against their best, on 24 random settings per preset) and sparse LR's the wrong way
-# round at 1 (fast starters end worse); at 4 it is 0.5-0.65, at 12 0.84-0.93. The last
-# rung (36) leaves early stopping to end a trial, as it ends a default run.
+# rung is 12 epochs: validation at 1-6 epochs ranks trials poorly against their best
+# (Spearman 0.2-0.76 for PMF, -0.24-0.64 for sparse LR, on 16-24 random settings per
+# preset: fast starters end worse, and at 4 epochs ASHA dropped every SGD trial on
+# ml-100k, where SGD ends best); at 12 it is 0.84-0.93. The last rung (36) leaves early
+# stopping to end a trial, as it ends a default run.
 QUICK: dict[str, dict[str, Any]] = {
     "pmf": {
         "trials": 9,
         "eta": 3,
-        "min_epochs": 4,
+        "min_epochs": 12,
         "max_epochs": 36,
         "space": {
             "hyper.lr": {"log_uniform": [0.25, 1.5], "relative": True},
@@ -227,7 +228,7 @@ QUICK: dict[str, dict[str, Any]] = {
     "sparse_lr": {
         "trials": 9,
         "eta": 3,
-        "min_epochs": 4,
+        "min_epochs": 12,
         "max_epochs": 36,
         "space": {
             "hyper.lr": {"log_uniform": [0.25, 1.5], "relative": True},
