@@ -223,6 +223,7 @@ QUICK: dict[str, dict[str, Any]] = {
             "hyper.l2": {"log_uniform": [0.6, 1.25], "relative": True},
             "hyper.optimizer": {"choice": ["adam", "sgd_momentum"]},
             "hyper.rank": {"choice": [10, 20, 40]},
+            "hyper.init_std": {"choice": [0.05, 0.1]},
         },
     },
     "sparse_lr": {
