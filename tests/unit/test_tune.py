@@ -92,7 +92,7 @@ def test_a_space_reaches_any_hyper_or_sync_field_and_refuses_others():
 
 def test_quick_space_per_model_and_flags_over_the_job_files_section():
     quick = tune_spec(None, "pmf", {}, [], quick=True)
-    assert set(quick.space) == {"hyper.lr", "hyper.l2", "hyper.optimizer", "hyper.rank"}
+    assert set(quick.space) == {"hyper.lr", "hyper.l2", "hyper.optimizer", "hyper.rank", "hyper.init_std"}
     assert set(tune_spec(None, "sparse_lr", {}, [], quick=True).space) == {"hyper.lr", "hyper.l2", "hyper.lr_decay"}
     section = {"trials": 4, "space": {"hyper.l2": {"uniform": [0.0, 0.2]}}}
     spec = tune_spec(section, "pmf", {"trials": 7, "budget_usd": None}, ["hyper.lr=log_uniform:0.01,0.1"], quick=False)
