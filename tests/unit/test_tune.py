@@ -345,3 +345,26 @@ def test_the_base_trial_is_promoted_even_when_it_starts_slowly():
     plain, trials = Search(_spec(from_base=False), start=start), SlowStarter()
     drive(plain, trials)
     assert plain.trials[0].rung == 0 and plain.best() is not plain.trials[0]
+
+
+@pytest.mark.parametrize("model", ["pmf", "sparse_lr"])
+def test_quick_is_centred_on_the_base_job_which_is_its_first_trial(model, small_ratings, small_logistic):
+    """--quick's space holds the model's defaults (PMF's l2 from the data's shape), so its
+    first trial trains exactly what ``ebb train`` would; lr and l2 span multiples of them."""
+    from ebb.models import resolve_hyper
+    from ebb.ports.manifest import load_manifest
+    from ebb.spec import parse_spec
+    from ebb.stores.local import FolderObjectStore
+    from ebb.tune.space import start_point
+
+    data = (small_ratings if model == "pmf" else small_logistic)[0]
+    manifest = load_manifest(FolderObjectStore(data), data)
+    base = parse_spec({"model": model, "data": data}, "job")
+    spec = tune_spec(None, model, {}, [], quick=True)
+    search = Search(spec, start=start_point(spec, base, manifest))
+    hyper = resolve_hyper(model, manifest, base.hyper)
+    assert search.first == {f: getattr(hyper, f.split(".")[1]) for f in spec.space}  # every field: the default
+    lr, l2 = search.distributions["hyper.lr"], search.distributions["hyper.l2"]
+    assert (lr.low, lr.high) == pytest.approx((0.25 * hyper.lr, 1.5 * hyper.lr))
+    assert l2.high == pytest.approx((1.25 if model == "pmf" else 1.0) * hyper.l2)
+    assert spec.rungs() == [12, 36]
