@@ -99,6 +99,7 @@ def main(argv=None) -> None:
     p.add_argument("--parallel", type=int, default=2, help="ebb tune's CPU budget (default 2: this machine)")
     p.add_argument("--with-torch", action="store_true", help="also the grid-tuned PyTorch reference")
     p.add_argument("--no-packs", action="store_true", help="searches without trial packs (a fleet per job)")
+    p.add_argument("--tune-args", default="", help="more ebb tune flags for the tune --quick arm ('--sampler qmc')")
     p.add_argument("--label", default="quick")
     p.add_argument("--json")
     args = p.parse_args(argv)
@@ -112,7 +113,8 @@ def main(argv=None) -> None:
         random = ["--scheduler", "none", "--sampler", "random", *packs]
         got = {"defaults": run_defaults(data, args.workers, base / "defaults")}
         print(f"   defaults: {got['defaults']}", flush=True)
-        got["tune --quick"] = run_tune(data, args.workers, base / "tune", packs, args.parallel)
+        quick = [*packs, *args.tune_args.split()]
+        got["tune --quick"] = run_tune(data, args.workers, base / "tune", quick, args.parallel)
         print(f"   tune --quick: {got['tune --quick']}", flush=True)
         got["random"] = run_tune(data, args.workers, base / "random", random, args.parallel)
         print(f"   random: {got['random']}", flush=True)
