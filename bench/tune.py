@@ -15,7 +15,7 @@ Every Ebb run is on the fleet clock (``--clock fleet``), so $ and time are a Lam
 For a search, "fleet wall" is its time with every rung's jobs at once (as the AWS design
 runs them, docs/AWS.md) and "serial" the sum of its jobs.
 
-    python bench/tune.py                                   # ml-latest-small and criteo-shaped, 1 worker
+    python bench/tune.py                                   # every ratings preset and criteo-shaped, 1 worker
     python bench/tune.py --datasets ml-100k --workers 2 --with-torch
 """
 
@@ -35,6 +35,8 @@ from _common import print_table, result_path, write_json  # noqa: E402
 from quality import DATA, QUICK_TORCH_GRIDS, dataset, tune_torch  # noqa: E402
 
 RUNS = DATA / "tune-runs"
+# Every ratings preset (the four bench/defaults.py chose the defaults on) and Criteo's shape.
+DATASETS = ("ml-100k", "ml-latest-small", "ml-100k-wild", "ml-latest-small-wild", "criteo-shaped")
 
 
 def _ebb(args: list[str], log: Path) -> int:
@@ -92,11 +94,12 @@ def run_tune(data: dict, workers: int, out: Path, extra: list[str], parallel: in
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--datasets", default="ml-latest-small,criteo-shaped")
+    p.add_argument("--datasets", default=",".join(DATASETS), help=f"comma-separated (default: {','.join(DATASETS)})")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--parallel", type=int, default=2, help="ebb tune's CPU budget (default 2: this machine)")
     p.add_argument("--with-torch", action="store_true", help="also the grid-tuned PyTorch reference")
     p.add_argument("--no-packs", action="store_true", help="searches without trial packs (a fleet per job)")
+    p.add_argument("--tune-args", default="", help="more ebb tune flags for the tune --quick arm ('--sampler qmc')")
     p.add_argument("--label", default="quick")
     p.add_argument("--json")
     args = p.parse_args(argv)
@@ -110,7 +113,8 @@ def main(argv=None) -> None:
         random = ["--scheduler", "none", "--sampler", "random", *packs]
         got = {"defaults": run_defaults(data, args.workers, base / "defaults")}
         print(f"   defaults: {got['defaults']}", flush=True)
-        got["tune --quick"] = run_tune(data, args.workers, base / "tune", packs, args.parallel)
+        quick = [*packs, *args.tune_args.split()]
+        got["tune --quick"] = run_tune(data, args.workers, base / "tune", quick, args.parallel)
         print(f"   tune --quick: {got['tune --quick']}", flush=True)
         got["random"] = run_tune(data, args.workers, base / "random", random, args.parallel)
         print(f"   random: {got['random']}", flush=True)

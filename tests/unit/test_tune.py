@@ -92,8 +92,8 @@ def test_a_space_reaches_any_hyper_or_sync_field_and_refuses_others():
 
 def test_quick_space_per_model_and_flags_over_the_job_files_section():
     quick = tune_spec(None, "pmf", {}, [], quick=True)
-    assert set(quick.space) == {"hyper.lr", "hyper.l2", "hyper.optimizer", "hyper.rank"}
-    assert set(tune_spec(None, "sparse_lr", {}, [], quick=True).space) == {"hyper.lr", "hyper.l2"}
+    assert set(quick.space) == {"hyper.lr", "hyper.l2", "hyper.optimizer", "hyper.rank", "hyper.init_std"}
+    assert set(tune_spec(None, "sparse_lr", {}, [], quick=True).space) == {"hyper.lr", "hyper.l2", "hyper.lr_decay"}
     section = {"trials": 4, "space": {"hyper.l2": {"uniform": [0.0, 0.2]}}}
     spec = tune_spec(section, "pmf", {"trials": 7, "budget_usd": None}, ["hyper.lr=log_uniform:0.01,0.1"], quick=False)
     assert spec.trials == 7 and set(spec.space) == {"hyper.l2", "hyper.lr"}
@@ -152,6 +152,39 @@ def test_the_budget_is_never_passed(budget):
     assert search.spent_usd > 0
     if budget < 12 * USD_PER_EPOCH:  # less than one epoch for every trial: the budget, not the trials, ended it
         assert len(search.trials) < 12
+
+
+class StartCosts(FakeTrials):
+    """Each job also pays a start (a supervisor, Step Functions transitions) before its first
+    epoch, as on AWS: the engine cannot stop a job before it has paid that."""
+
+    START_USD = 0.004
+
+    def run(self, search: Search, job: Job) -> Outcome:
+        t = search.trials[job.trial]
+        out = super().run(search, job.__class__(**{**job.__dict__, "budget_usd": None}))
+        trained = out.epochs - job.from_epochs
+        if job.budget_usd is not None:  # the start first, then the epochs the budget leaves
+            left = job.budget_usd - t.cost_usd - self.START_USD
+            affordable = max(0, math.floor(left / USD_PER_EPOCH + 1e-9))
+            if affordable < trained:
+                trained, out.status = affordable, "budget"
+                self.trained[t.id] -= out.epochs - job.from_epochs - trained
+        out.epochs = job.from_epochs + trained
+        out.curve = out.curve[: int(out.epochs)]
+        out.best_val = min((v for _, v in out.curve), default=None)
+        out.cost_usd = t.cost_usd + self.START_USD + trained * USD_PER_EPOCH
+        return out
+
+
+@pytest.mark.parametrize("budget", [0.03, 0.04, 0.05, 0.06, 0.08])
+def test_a_promotion_that_does_not_fit_the_budget_leaves_it_to_new_trials(budget):
+    """The base trial is promoted first; when its next rung does not fit what is left, new
+    trials' first rungs still may (the search does not end with the budget unspent)."""
+    search = Search(_spec(budget_usd=budget), start={"hyper.lr": 0.02, "hyper.rank": 20})
+    drive(search, StartCosts())
+    assert search.trials[0].rung >= 1 and len(search.trials) > 1
+    assert 0 < search.spent_usd <= budget + 1e-12
 
 
 def test_a_search_resumed_from_its_state_carries_on_without_training_anything_twice():
@@ -243,5 +276,95 @@ def test_the_start_point_is_the_base_job_as_it_would_train(small_ratings):
         "hyper.rank": {"choice": [10, 20, 40]},
     }
     point = start_point(_spec(space=space), base, manifest)
-    assert point == {"hyper.l2": auto_hyper("pmf", manifest)["l2"], "hyper.optimizer": "adam", "hyper.rank": 20}
-    assert start_point(_spec(space=space, from_base=False), base, manifest) == {}
+    auto_l2 = auto_hyper("pmf", manifest)["l2"]
+    assert point == {"hyper.lr": 0.5, "hyper.l2": auto_l2, "hyper.optimizer": "adam", "hyper.rank": 20}
+    search = Search(_spec(space=space), start=point)
+    assert search.first == {"hyper.l2": auto_l2, "hyper.optimizer": "adam", "hyper.rank": 20}  # lr 0.5 is outside
+    assert Search(_spec(space=space, from_base=False), start=point).first == {}
+
+
+def test_relative_bounds_are_multiples_of_the_base_jobs_value(small_ratings):
+    """``relative``: the space is centred on the value the base job trains with (PMF's l2
+    from the data's shape), and a resumed search keeps the same bounds."""
+    from ebb.models import auto_hyper
+    from ebb.ports.manifest import load_manifest
+    from ebb.spec import parse_spec
+    from ebb.stores.local import FolderObjectStore
+    from ebb.tune.space import start_point
+
+    field, param = parse_param("hyper.l2=log_uniform:0.5x,2x")
+    assert param.relative and param.log_uniform == (0.5, 2)
+    assert param.distribution(0.1) == FloatDistribution(0.05, 0.2, log=True)
+    assert parse_param("hyper.rank=log_uniform:0.5x,2x")[1].distribution(20) == IntDistribution(10, 40, log=True)
+    with pytest.raises(SpecError, match="base job's value above 0"):
+        param.distribution(None)
+    with pytest.raises(SpecError, match="bounds only"):
+        tune_spec({"space": {"hyper.rank": {"choice": [10, 20], "relative": True}}}, "pmf", {}, [], quick=False)
+
+    data, _ = small_ratings
+    manifest = load_manifest(FolderObjectStore(data), data)
+    base = parse_spec({"model": "pmf", "data": data}, "job")
+    spec = _spec(space={**SPACE, "hyper.l2": {"log_uniform": [0.5, 2.0], "relative": True}})
+    point = start_point(spec, base, manifest)
+    auto_l2 = auto_hyper("pmf", manifest)["l2"]
+    search, trials = Search(spec, start=point), FakeTrials()
+    assert search.distributions["hyper.l2"] == FloatDistribution(0.5 * auto_l2, 2 * auto_l2, log=True)
+    assert search.first == {"hyper.lr": 0.03, "hyper.l2": auto_l2, "hyper.rank": 20}
+    drive(search, trials, stop_after=3)
+    resumed = Search(spec, search.state_dict())
+    assert resumed.distributions == search.distributions and resumed.first == search.first
+    assert all(0.5 * auto_l2 <= t.params["hyper.l2"] <= 2 * auto_l2 for t in search.trials)
+    # A bound the field cannot take, once resolved, is refused before anything trains.
+    negative = _spec(space={"hyper.l2": {"uniform": [-1.0, 2.0], "relative": True}})
+    with pytest.raises(SpecError, match="hyper.l2"):
+        start_point(negative, base, manifest)
+    unset = _spec(space={"hyper.momentum": {"uniform": [0.5, 1.5], "relative": True}})
+    with pytest.raises(SpecError, match="tune.space.hyper.momentum"):
+        start_point(unset, parse_spec({"model": "sparse_lr", "data": data}, "job"), manifest)
+
+
+def test_the_base_trial_is_promoted_even_when_it_starts_slowly():
+    """The defaults are tuned for a whole run: at the first rung the base trial may trail
+    settings that start fast and end worse. It goes on anyway (and here wins)."""
+
+    class SlowStarter(FakeTrials):
+        def run(self, search, job):
+            out = super().run(search, job)
+            if job.trial == 0:  # the best floor of all, but the worst score at 1 epoch
+                out.curve = [[e, 0.9 + 2.0 / e**2] for e, _ in out.curve]
+                out.best_val = min(v for _, v in out.curve)
+            return out
+
+    start = {"hyper.lr": 0.02, "hyper.rank": 20}
+    search, trials = Search(_spec(), start=start), SlowStarter()
+    drive(search, trials)
+    base = search.trials[0]
+    assert base.params == start and base.scores[0] == max(t.scores[0] for t in search.trials)
+    assert base.rung == search.top and search.best() is base
+    # Without from_base the same slow starter is dropped at the first rung.
+    plain, trials = Search(_spec(from_base=False), start=start), SlowStarter()
+    drive(plain, trials)
+    assert plain.trials[0].rung == 0 and plain.best() is not plain.trials[0]
+
+
+@pytest.mark.parametrize("model", ["pmf", "sparse_lr"])
+def test_quick_is_centred_on_the_base_job_which_is_its_first_trial(model, small_ratings, small_logistic):
+    """--quick's space holds the model's defaults (PMF's l2 from the data's shape), so its
+    first trial trains exactly what ``ebb train`` would; lr and l2 span multiples of them."""
+    from ebb.models import resolve_hyper
+    from ebb.ports.manifest import load_manifest
+    from ebb.spec import parse_spec
+    from ebb.stores.local import FolderObjectStore
+    from ebb.tune.space import start_point
+
+    data = (small_ratings if model == "pmf" else small_logistic)[0]
+    manifest = load_manifest(FolderObjectStore(data), data)
+    base = parse_spec({"model": model, "data": data}, "job")
+    spec = tune_spec(None, model, {}, [], quick=True)
+    search = Search(spec, start=start_point(spec, base, manifest))
+    hyper = resolve_hyper(model, manifest, base.hyper)
+    assert search.first == {f: getattr(hyper, f.split(".")[1]) for f in spec.space}  # every field: the default
+    lr, l2 = search.distributions["hyper.lr"], search.distributions["hyper.l2"]
+    assert (lr.low, lr.high) == pytest.approx((0.25 * hyper.lr, 1.5 * hyper.lr))
+    assert l2.high == pytest.approx((1.25 if model == "pmf" else 1.0) * hyper.l2)
+    assert spec.rungs() == [12, 36]

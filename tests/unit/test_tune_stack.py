@@ -52,7 +52,8 @@ def _state(epochs: float, best: float, status: str = "paused") -> dict:
 
 
 def test_ask_starts_every_trial_to_its_first_rung_then_promotes_the_best_resuming_it(bucket, outcomes):
-    run = StackTune.load(bucket, "tune-a", SEARCH)
+    # Without from_base: its trial 0 would be promoted too, whatever its score.
+    run = StackTune.load(bucket, "tune-a", {**SEARCH, "tune": {**SEARCH["tune"], "from_base": False}})
     first = run.ask()
     assert [(j.trial, j.rung, j.name) for j in first] == [(t, 0, f"tune-a-t{t:03d}-r0") for t in range(3)]
     spec, unit, parts = run.trial_spec(0)

@@ -18,7 +18,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ebb.tune.space import TuneSpec
+from ebb.tune.space import TuneSpec, inside
 
 SAMPLER_WARMUP = 3  # tpe: QMC for this many trials (at least eta) before TPE takes over
 
@@ -76,12 +76,15 @@ class Search:
         self.spec, self.rungs = spec, spec.rungs()
         self.trials: list[Trial] = []
         self.launches: list[dict[str, Any]] = []  # every job started: trial, rung, from and to epochs
-        self.distributions = spec.distributions()
+        # The base job's values of the searched fields (space.start_point): relative bounds
+        # multiply them, and (from_base) the first trial trains those inside the space.
+        self.base = dict((state or {}).get("base") or (state or {}).get("first") or start or {})
+        self.distributions = spec.distributions(self.base)
+        self.first = inside(self.distributions, self.base) if spec.from_base else {}
         self.study = optuna.create_study(direction="minimize")
         self._asked: dict[int, Any] = {}  # trial id -> its live Optuna trial (sampled in this process)
         self._running: dict[int, Job] = {}
         self._by_kind: dict[str, Any] | None = None  # the samplers, made once the state is loaded
-        self.first = dict(start or {})  # the first trial's settings (space.start_point)
         if state:
             self._load(state)
 
@@ -156,16 +159,22 @@ class Search:
     def _promotable(self, closing: bool) -> tuple[Trial, int] | None:
         """ASHA: from the highest rung down, a trial in the best 1/eta of those that reached the
         rung, not yet promoted. ``closing`` (no new trials to come, none running): at least the
-        best one of each rung goes on, so the last rung is always reached."""
+        best one of each rung goes on, so the last rung is always reached. The base trial
+        (``from_base``) always goes on: it is what the search must beat, and a first rung too
+        short to judge it (the defaults are tuned for a whole run) must not drop it."""
         for k in range(self.top - 1, -1, -1):
             reached = sorted((t for t in self.trials if k in t.scores), key=lambda t: (t.scores[k], t.id))
             keep = len(reached) // self.spec.eta
             if closing:
                 keep = max(1, keep)
-            for t in reached[:keep]:
+            going = reached[:keep] + [t for t in reached[keep:] if self._is_base(t)]
+            for t in going:
                 if t.rung == k and not t.running and not t.done:
                     return t, k + 1
         return None
+
+    def _is_base(self, t: Trial) -> bool:
+        return t.id == 0 and bool(self.first) and t.params == {**t.params, **self.first}
 
     def next_job(self) -> Job | None:
         """The next job to start (None: wait for a running one, or the search is over:
@@ -173,16 +182,15 @@ class Search:
         running = any(t.running for t in self.trials)
         more = len(self.trials) < self.spec.trials
         found = self._promotable(closing=not more and not running)
-        if found is not None:
-            t, rung = found
-        elif more:
-            t, rung = None, 0
+        # A promotion first; when it does not fit the budget, a new trial's first rung may.
+        options = ([found] if found is not None else []) + ([(None, 0)] if more else [])
+        for t, rung in options:
+            from_epochs = t.epochs if t is not None else 0.0
+            to_epochs = self.rungs[rung]
+            allowance = self._allowance(t, to_epochs - from_epochs)
+            if allowance is None or allowance > 0:
+                break
         else:
-            return None
-        from_epochs = t.epochs if t is not None else 0.0
-        to_epochs = self.rungs[rung]
-        allowance = self._allowance(t, to_epochs - from_epochs)
-        if allowance is not None and allowance <= 0:
             return None
         per = self._per_epoch(t)
         if t is None:
@@ -279,6 +287,7 @@ class Search:
         return {
             "trials": [{**asdict(t), "scores": {str(k): v for k, v in t.scores.items()}} for t in self.trials],
             "launches": self.launches,
+            "base": self.base,
             "first": self.first,
             # The QMC sampler's place in its sequence (a resumed search draws new points, not the same again).
             "sampler_attrs": self.study._storage.get_study_system_attrs(self.study._study_id),
@@ -291,7 +300,8 @@ class Search:
             if 0 in t.scores and math.isfinite(t.scores[0]):
                 self._tell(t, t.scores[0])
         self.launches = list(state.get("launches", []))
-        self.first = dict(state.get("first") or self.first)
+        if "first" in state:  # as sampled then (a search saved before "base" was kept)
+            self.first = dict(state["first"])
         for key, value in state.get("sampler_attrs", {}).items():
             # (Optuna has no public setter for a study's system attributes since 3.1.)
             self.study._storage.set_study_system_attr(self.study._study_id, key, value)

@@ -12,8 +12,10 @@ A space maps a dotted field to one distribution, in YAML::
         hyper.rank: {choice: [10, 20, 40]}
 
 or on the command line ``--param hyper.lr=log_uniform:0.003,0.1`` (repeatable). Bounds
-that are both integers sample integers. The distributions are Optuna's, so its samplers
-(QMC, TPE, random) draw from them.
+that are both integers sample integers. Bounds may be multiples of the base job's own
+value instead (``{log_uniform: [0.5, 2], relative: true}``, ``log_uniform:0.5x,2x``): the
+value it would train with, PMF's data-shaped l2 included, so one space fits data of any
+shape. The distributions are Optuna's, so its samplers (QMC, TPE, random) draw from them.
 """
 
 from __future__ import annotations
@@ -45,12 +47,16 @@ class Param(BaseModel):
     log_uniform: tuple[int | float, int | float] | None = None
     uniform: tuple[int | float, int | float] | None = None
     choice: list[Any] | None = None
+    # The bounds are multiples of the base job's value of the field (start_point resolves it).
+    relative: bool = False
 
     @model_validator(mode="after")
     def _one(self) -> Param:
         given = [k for k in KINDS if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of {', '.join(KINDS)}")
+        if self.relative and self.choice is not None:
+            raise ValueError("relative: bounds only (log_uniform or uniform), not choice")
         bounds = self.log_uniform or self.uniform
         if bounds is not None:
             lo, hi = bounds
@@ -62,7 +68,8 @@ class Param(BaseModel):
             raise ValueError("choice needs at least one value")
         return self
 
-    def distribution(self) -> BaseDistribution:
+    def distribution(self, base: Any = None) -> BaseDistribution:
+        """Optuna's distribution; ``base`` is the base job's value, which relative bounds multiply."""
         from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
         if self.choice is not None:
@@ -71,6 +78,14 @@ class Param(BaseModel):
         assert bounds is not None
         lo, hi = bounds
         log = self.log_uniform is not None
+        if self.relative:
+            if isinstance(base, bool) or not isinstance(base, (int, float)) or base <= 0:
+                raise SpecError(f"relative bounds need the base job's value above 0, not {base!r}")
+            lo, hi = lo * base, hi * base
+            if isinstance(base, int):  # an integer field (hyper.rank) samples integers
+                lo, hi = max(1, math.ceil(lo)), max(1, math.floor(hi))
+                if lo >= hi:
+                    raise SpecError(f"relative bounds [{lo}, {hi}] around {base}: no integers to choose from")
         if isinstance(lo, int) and isinstance(hi, int):
             return IntDistribution(lo, hi, log=log)
         return FloatDistribution(float(lo), float(hi), log=log)
@@ -82,8 +97,10 @@ def parse_param(text: str) -> tuple[str, Param]:
     kind, sep2, values = rest.partition(":")
     if not sep or not sep2 or kind not in KINDS:
         raise SpecError(f"--param {text}: write FIELD=KIND:A,B with KIND one of {', '.join(KINDS)}")
-    items = [yaml.safe_load(v) for v in values.split(",")]
-    return field.strip(), _param(field.strip(), {kind: items})
+    raw = [v.strip() for v in values.split(",")]
+    relative = kind != "choice" and all(v.endswith("x") for v in raw)  # 0.5x,2x: times the base job's value
+    items = [yaml.safe_load(v.removesuffix("x") if relative else v) for v in raw]
+    return field.strip(), _param(field.strip(), {kind: items, **({"relative": True} if relative else {})})
 
 
 def _param(field: str, raw: Any) -> Param:
@@ -105,6 +122,8 @@ def _check_field(field: str, param: Param) -> None:
     if model is None or leaf not in model.model_fields:
         known = ", ".join(f"{s}.{f}" for s, m in TUNABLE.items() for f in m.model_fields)
         raise SpecError(f"tune.space: {field} is not a hyper.* or sync.* field ({known})")
+    if param.relative:  # the values are known once the base job is (start_point checks them then)
+        return
     values = param.choice if param.choice is not None else list(param.log_uniform or param.uniform or ())
     for value in values:
         try:
@@ -140,7 +159,7 @@ class TuneSpec(BaseModel):
     from_base: bool = Field(
         True,
         description="the first trial trains the base job's own settings (its values, else the model's "
-        "defaults): the search weighs every other trial against where it started",
+        "defaults) and is always promoted: the search weighs every other trial against where it started",
     )
     space: dict[str, Param] = Field(default_factory=dict, description="field: distribution")
 
@@ -173,32 +192,54 @@ class TuneSpec(BaseModel):
             r *= self.eta
         return out + [self.max_epochs]
 
-    def distributions(self) -> dict[str, BaseDistribution]:
-        return {field: param.distribution() for field, param in self.space.items()}
+    def distributions(self, base: dict[str, Any] | None = None) -> dict[str, BaseDistribution]:
+        """Each field's distribution; ``base`` (field -> the base job's value) resolves relative bounds."""
+        out = {}
+        for field, param in self.space.items():
+            try:
+                out[field] = param.distribution((base or {}).get(field))
+            except SpecError as exc:
+                raise SpecError(f"tune.space.{field}: {exc}") from None
+        return out
 
 
-# --quick: the built-in space per model, sized so the whole search costs about 3× one
-# default training run (bench/tune.py measures it). What each knob spans: the defaults'
-# neighbourhood on the presets in bench/quality.py, a decade each way for lr and l2.
+# --quick: the built-in space per model (bench/tune.py measures it on every preset).
+# Centred on the base job (relative bounds): PMF's l2 around the value the data's shape
+# gives (the best l2 on the presets lay at 0.6-1.2x it), lr around the optimiser's
+# default; sparse LR's lr_decay and a smaller l2, where its best settings lay. The first
+# rung is 12 epochs: validation at 1-6 epochs ranks trials poorly against their best
+# (Spearman 0.2-0.76 for PMF, -0.24-0.64 for sparse LR, on 16-24 random settings per
+# preset: fast starters end worse, and at 4 epochs ASHA dropped every SGD trial on
+# ml-100k, where SGD ends best); at 12 it is 0.84-0.93. The last rung (36) leaves early
+# stopping to end a trial, as it ends a default run. QMC for all nine trials: TPE, told
+# the base trial first, drew most of the rest near its optimizer and rank; QMC spreads
+# them, and its best validation was as good or better on 4 of the 5 presets.
 QUICK: dict[str, dict[str, Any]] = {
     "pmf": {
         "trials": 9,
         "eta": 3,
-        "min_epochs": 2,
-        "max_epochs": 18,
+        "min_epochs": 12,
+        "max_epochs": 36,
+        "sampler": "qmc",
         "space": {
-            "hyper.lr": {"log_uniform": [0.005, 0.08]},
-            "hyper.l2": {"log_uniform": [0.01, 0.3]},
-            "hyper.optimizer": {"choice": ["sgd_momentum", "adam"]},
+            "hyper.lr": {"log_uniform": [0.25, 1.5], "relative": True},
+            "hyper.l2": {"log_uniform": [0.6, 1.25], "relative": True},
+            "hyper.optimizer": {"choice": ["adam", "sgd_momentum"]},
             "hyper.rank": {"choice": [10, 20, 40]},
+            "hyper.init_std": {"choice": [0.05, 0.1]},
         },
     },
     "sparse_lr": {
         "trials": 9,
         "eta": 3,
-        "min_epochs": 1,
-        "max_epochs": 9,
-        "space": {"hyper.lr": {"log_uniform": [0.002, 0.05]}, "hyper.l2": {"log_uniform": [1e-6, 3e-4]}},
+        "min_epochs": 12,
+        "max_epochs": 36,
+        "sampler": "qmc",
+        "space": {
+            "hyper.lr": {"log_uniform": [0.25, 1.5], "relative": True},
+            "hyper.l2": {"log_uniform": [0.01, 1.0], "relative": True},
+            "hyper.lr_decay": {"uniform": [0.75, 1.0]},
+        },
     },
     "lr": {
         "trials": 9,
@@ -257,23 +298,35 @@ def split_job_file(path: str | None) -> tuple[dict[str, Any] | None, str | None]
 
 def start_point(spec: TuneSpec, base: JobSpec, manifest: Manifest) -> dict[str, Any]:
     """The base job's values of the searched fields, as it would train (hyper-parameters the
-    data sets, such as PMF's l2, resolved from ``manifest``), where they lie inside their
-    distributions: the search's first trial (``from_base``). Empty when ``from_base`` is off."""
-    if not spec.from_base:
-        return {}
+    data sets, such as PMF's l2, resolved from ``manifest``): what relative bounds multiply,
+    and (``from_base``) the search's first trial, where they lie inside the distributions
+    (``Search`` decides). Checks that every relative bound has a value to multiply."""
     from ebb.models import resolve_hyper
 
     sections = {"hyper": resolve_hyper(base.model, manifest, base.hyper), "sync": base.sync}
     point: dict[str, Any] = {}
-    for field, dist in spec.distributions().items():
+    for field in spec.space:
         section, _, leaf = field.partition(".")
         value = getattr(sections[section], leaf)
-        if value is None:
+        if value is not None:
+            point[field] = value
+    for field, dist in spec.distributions(point).items():
+        if spec.space[field].relative:  # resolved bounds must be values the field takes
+            _check_field(field, Param(choice=[dist.low, dist.high]))  # type: ignore[attr-defined]
+    return point
+
+
+def inside(dists: dict[str, BaseDistribution], point: dict[str, Any]) -> dict[str, Any]:
+    """The fields of ``point`` whose values lie inside their distributions."""
+    out = {}
+    for field, value in point.items():
+        dist = dists.get(field)
+        if dist is None:
             continue
         try:
-            inside = dist._contains(dist.to_internal_repr(value))
+            ok = dist._contains(dist.to_internal_repr(value))
         except (ValueError, TypeError):
-            inside = False
-        if inside:
-            point[field] = value
-    return point
+            ok = False
+        if ok:
+            out[field] = value
+    return out
