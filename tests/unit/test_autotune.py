@@ -17,6 +17,7 @@ from ebb.autotune import (
     ScaleDecision,
     ScaleInTuner,
     SchedulePolicy,
+    StepSeen,
     find_knee,
     fit_local,
     fit_reference,
@@ -371,7 +372,7 @@ def test_autotune_policy_wraps_the_tuner_decisions():
     decisions = []
     for step, loss in enumerate(losses):
         elapsed = 0.2 * (step + 1)
-        policy.observe(step, elapsed, loss, 8, epoch=step / 100)
+        policy.observe(StepSeen(step, elapsed, loss, 8, epoch=step / 100))
         reference.observe(step, elapsed, loss, 8)
         decision = policy.decide(step, elapsed, 8, epoch=step / 100)
         expected = reference.decide(elapsed, 8)

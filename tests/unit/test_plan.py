@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ebb.autotune.curves import ReferenceCurve
+from ebb.autotune.policies import StepSeen
 from ebb.autotune.tuner import JUDGE_SHARE, ScaleInTuner
 from ebb.engine.fleet_clock import Links, WorkerStep, barrier_step_seconds, peer_seconds, worker_seconds
 from ebb.plan.fit import Line, SizeSample, StepModel, epoch_steps, fit_progress, fit_step_model, miss_share, sample_of
@@ -358,7 +359,7 @@ def test_an_eviction_that_measures_as_losing_money_is_undone_and_not_tried_again
     actions, p, elapsed, done = [], 8, 0.0, 0.0
     for step in range(1500):
         elapsed, done = elapsed + 0.1, done + p / 8
-        policy.observe(step, elapsed, 1 / (0.02 * done + 1) + 0.5, p, epoch=step / 100, peer_s=0.09)
+        policy.observe(StepSeen(step, elapsed, 1 / (0.02 * done + 1) + 0.5, p, epoch=step / 100, peer_s=0.09))
         if (decision := policy.decide(step, elapsed, p, epoch=step / 100)) is not None:
             actions.append(decision.action)
             p += 1 if decision.action == "join" else -1

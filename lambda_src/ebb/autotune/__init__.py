@@ -9,6 +9,7 @@ from .policies import (
     ScaleDecision,
     ScalingPolicy,
     SchedulePolicy,
+    StepSeen,
     make_policy,
     pick_eviction,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "ScaleInTuner",
     "ScalingPolicy",
     "SchedulePolicy",
+    "StepSeen",
     "find_knee",
     "fit_local",
     "fit_reference",

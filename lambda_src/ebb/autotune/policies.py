@@ -36,22 +36,28 @@ class ScaleDecision:
             raise ValueError(f"count must be >= 1, got {self.count}")
 
 
+@dataclass(frozen=True)
+class StepSeen:
+    """What the supervisor saw of a completed step: its global training loss, the fleet,
+    ``peer_s`` (the part of the step spent on the peers' updates, if known) and
+    ``steps_left`` (the steps to the job's target, if it has one and they can be told)."""
+
+    step: int
+    elapsed_s: float
+    loss: float
+    workers: int
+    epoch: float
+    peer_s: float | None = None
+    steps_left: float | None = None
+
+
 @runtime_checkable
 class ScalingPolicy(Protocol):
     """What the supervisor calls: ``observe`` then ``decide`` once per completed step."""
 
     name: str
 
-    def observe(
-        self,
-        step: int,
-        elapsed_s: float,
-        loss: float,
-        workers: int,
-        epoch: float,
-        peer_s: float | None = None,
-        steps_left: float | None = None,
-    ) -> None: ...
+    def observe(self, seen: StepSeen) -> None: ...
 
     def decide(self, step: int, elapsed_s: float, workers: int, epoch: float) -> ScaleDecision | None: ...
 
@@ -68,16 +74,7 @@ class NoScaling:
     def __init__(self, *, min_workers: int = 1, max_workers: int | None = None):
         self.min_workers, self.max_workers = min_workers, max_workers
 
-    def observe(
-        self,
-        step: int,
-        elapsed_s: float,
-        loss: float,
-        workers: int,
-        epoch: float,
-        peer_s: float | None = None,
-        steps_left: float | None = None,
-    ) -> None:
+    def observe(self, seen: StepSeen) -> None:
         return None
 
     def decide(self, step: int, elapsed_s: float, workers: int, epoch: float) -> ScaleDecision | None:
@@ -102,17 +99,9 @@ class AutoTunePolicy:
     def __init__(self, *, max_workers: int | None = None, **tuner_params: Any):
         self.tuner = ScaleInTuner(**tuner_params)
 
-    def observe(
-        self,
-        step: int,
-        elapsed_s: float,
-        loss: float,
-        workers: int,
-        epoch: float,
-        peer_s: float | None = None,
-        steps_left: float | None = None,
-    ) -> None:
-        self.tuner.observe(step, elapsed_s, loss, workers, peer_s=peer_s, steps_left=steps_left)
+    def observe(self, seen: StepSeen) -> None:
+        s = seen
+        self.tuner.observe(s.step, s.elapsed_s, s.loss, s.workers, peer_s=s.peer_s, steps_left=s.steps_left)
 
     def decide(self, step: int, elapsed_s: float, workers: int, epoch: float) -> ScaleDecision | None:
         reason = self.tuner.decide(elapsed_s, workers)
@@ -158,16 +147,7 @@ class SchedulePolicy:
         self.min_workers, self.max_workers = min_workers, max_workers
         self.fired = 0  # entries already applied, in epoch order
 
-    def observe(
-        self,
-        step: int,
-        elapsed_s: float,
-        loss: float,
-        workers: int,
-        epoch: float,
-        peer_s: float | None = None,
-        steps_left: float | None = None,
-    ) -> None:
+    def observe(self, seen: StepSeen) -> None:
         return None
 
     def decide(self, step: int, elapsed_s: float, workers: int, epoch: float) -> ScaleDecision | None:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from ebb.autotune.policies import ScalingPolicy
+from ebb.autotune.policies import ScalingPolicy, StepSeen
 from ebb.catalogue import entry
 from ebb.engine import accounting, checkpoint, failures, finalize, rounds, scaling, stopping
 from ebb.engine.cadence import eval_interval
@@ -299,7 +299,7 @@ class Supervisor:
             step=k,
         )
         steps_left = stopping.steps_to_target(s, self.spec, k)
-        self.policy.observe(k, elapsed, loss, len(s.members), epoch, peer_s=peer_s, steps_left=steps_left)
+        self.policy.observe(StepSeen(k, elapsed, loss, len(s.members), epoch, peer_s, steps_left))
         directive = Directive(step=nxt, round=self.round, stop=bool(s.stop.reason))
         if s.stop.reason:
             s.stop.step = nxt

@@ -286,6 +286,14 @@ class LocalTune:
             self.search.trials[int(key)].cost_usd += record["shares"].get(key, 0.0) - before.get(key, 0.0)
 
     # -- the loop ------------------------------------------------------------------
+    def _next_job(self, pending: list[Job]) -> Job | None:
+        """The next job: an interrupted one first (a resumed search), else the search's."""
+        if pending:
+            job = pending.pop(0)
+            self.search.start(job)
+            return job
+        return self.search.next_job()
+
     def run(self) -> dict[str, Any]:
         if self.use_packs:
             return self.run_packs()
@@ -301,11 +309,7 @@ class LocalTune:
             with RedisServer() as server:
                 while True:
                     while not running or (len(running) + 1) * workers <= budget:
-                        if pending:
-                            job = pending.pop(0)
-                            self.search.start(job)
-                        else:
-                            job = self.search.next_job()
+                        job = self._next_job(pending)
                         if job is None:
                             break
                         proc = self.launch(job, server.url)
@@ -356,11 +360,7 @@ class LocalTune:
                         if pack is not None and not pack.alive():  # (its job failed with it)
                             self._close_pack(pack)
                             pack = slots[i] = None
-                        if pending:
-                            job = pending.pop(0)
-                            self.search.start(job)
-                        else:
-                            job = self.search.next_job()
+                        job = self._next_job(pending)
                         if job is None:
                             if pack is not None:  # nothing for it now: an idle fleet is billed, so it stops
                                 self._decided(pack)
