@@ -25,7 +25,7 @@ class ScriptedPolicy:
     def __init__(self, at_steps: dict[int, ScaleDecision]):
         self.at_steps = at_steps
 
-    def observe(self, step, elapsed_s, loss, workers, epoch, peer_s=None):
+    def observe(self, seen):
         pass
 
     def decide(self, step, elapsed_s, workers, epoch):
