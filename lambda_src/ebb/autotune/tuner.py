@@ -108,8 +108,8 @@ judges the eviction on it:
   time, and the undo rule above applies to it. Later predictions scale m up by the mean
   excess of the realised m over the model's (``progress_bias``; never down).
 
-An eviction must also leave room to be judged: R must be at least ``JUDGE_SHARE`` times
-the window that judges it (half the rest of the job to measure it, half for an undo to
+When the job stops at a target, an eviction must also leave room to be judged: R must be
+at least ``JUDGE_SHARE`` times the window that judges it (half the rest of the job to measure it, half for an undo to
 recover or a kept eviction to pay). An eviction taken with less left is a bet the guard
 cannot check; at ML-10M shape under lazy Adam the knee comes with about 90 of 240 steps
 left and a 43–89-step window, and the evictions taken there lost 4–9 % (docs/RESULTS-TOOLS.md §9).
@@ -673,7 +673,8 @@ class ScaleInTuner:
             return None
         remaining = self.remaining_s(elapsed_s, now)
         gain = self.predicted_gain(workers, now, after, remaining)
-        judgeable = judge_steps is None or remaining / now >= JUDGE_SHARE * judge_steps
+        # Judged only against an estimated rest: the time so far is too rough a guess to refuse on.
+        judgeable = judge_steps is None or self.steps_left is None or remaining / now >= JUDGE_SHARE * judge_steps
         return {
             "pays": gain > 1.0 + self.cost_margin and judgeable,
             "judgeable": judgeable,

@@ -342,7 +342,10 @@ def make_plan(
     for row in rows:
         share = row.pop("_share")
         row.update(tuner_ceiling(spec, model, row, num_parts=num_parts, cache_share=share))
-        row.update(tuner_gain(spec, model, row, num_parts=num_parts, cache_share=share, loss=knee))
+        gain = tuner_gain(
+            spec, model, row, num_parts=num_parts, cache_share=share, loss=knee, to_target=target is not None
+        )
+        row.update(gain)
     best, objective, why = recommend(rows, max_usd=max_usd, max_seconds=max_seconds)
     return Plan(
         rows=rows,
@@ -429,12 +432,14 @@ def tuner_gain(
     num_parts: int,
     cache_share: float,
     loss: LossModel | None,
+    to_target: bool = True,
 ) -> dict[str, Any]:
     """The auto-tuner's predicted Perf/$ gain for a job started at ``row``'s fleet P, the
     tuner as built (``ebb.autotune.tuner``): P workers up to its knee (the knee detector
     run on the profiles' loss curve at P's steps); then, at each decision, one worker
     fewer only where the cost guard's formula says it pays over the rest of the job and
-    that rest holds ``JUDGE_SHARE`` judgement windows, and after each eviction no
+    (``to_target``: a job stopping at a target, whose rest the tuner estimates) that rest
+    holds ``JUDGE_SHARE`` judgement windows, and after each eviction no
     decision until its judgement window has run (sized from the losses' spread and
     descent at the knee) nor before an interval ``T``; each smaller fleet needs the
     guard's m the steps (noise-dominated: progress per step in proportion to the fleet).
@@ -485,7 +490,7 @@ def tuner_gain(
         # The throughput guard, after the knee's eviction (minibatches a second kept within tolerance).
         keeps_pace = p == P or ((p - 1) / step.get(p - 1, math.inf)) / (P / step[P]) >= 1.0 - s.throughput_tolerance
         # R as the tuner takes it: the steps to the target (its estimate), at most the time so far.
-        rest_s = min(elapsed, (S - done) / rate * step[p])
+        rest_s = min(elapsed, (S - done) / rate * step[p]) if to_target else elapsed
         pays, m, window = False, 1.0, 0
         if p > floor:
             m = guard.progress_steps(p)
@@ -495,7 +500,8 @@ def tuner_gain(
             descent = float(losses[knee] - losses[knee + 1]) * rate / m
             window = judge_window(loss.noise * math.sqrt(loss.workers / (p - 1)), descent, guard.min_fit_points)
             gain = guard.predicted_gain(p, step[p], step[p - 1], rest_s)
-            pays = gain > 1.0 + guard.cost_margin and rest_s / step[p] >= JUDGE_SHARE * window
+            judgeable = not to_target or rest_s / step[p] >= JUDGE_SHARE * window
+            pays = gain > 1.0 + guard.cost_margin and judgeable
         if pays and keeps_pace:
             p, rate = p - 1, rate / m
             segments.append((p, int(guard.settle_steps)))  # re-settling: no progress
