@@ -10,6 +10,13 @@ its last finished job left it.
 Epochs are counted at one worker's pace (as ``hyper.lr_decay`` and the scorings are), so
 rungs mean the same at any fleet size. A trial's score at a rung is the best validation
 scoring it has made so far: the model the job would write.
+
+The ladder is fixed (``min_epochs`` × eta^k up to ``max_epochs``) or, with ``ladder: base``
+(``--quick``'s), sized from the base trial's own run: the base trial (trial 0, the job's
+own settings) trains first, alone, to its early stopping, as ``ebb train`` would; its
+epochs set the rungs (``TuneSpec.base_rungs``), so each model and dataset is judged at its
+own scale (a sparse LR run that stops at 8 epochs, a PMF run that stops at 33). The base
+trial then stands at the top, holding one of the best 1/eta places of every rung.
 """
 
 from __future__ import annotations
@@ -67,7 +74,8 @@ class Outcome:
 
 
 class Search:
-    """ASHA over ``spec.rungs()`` with Optuna sampling new trials and a total $ budget."""
+    """ASHA over ``spec.rungs()`` (or a ladder sized from the base trial) with Optuna sampling
+    new trials and a total $ budget."""
 
     def __init__(self, spec: TuneSpec, state: dict[str, Any] | None = None, start: dict[str, Any] | None = None):
         import optuna
