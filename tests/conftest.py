@@ -23,7 +23,10 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 # Test layers (`pytest -m unit | integration | infra`; README "Tests"): a test's folder is its layer.
 # Under pytest-xdist (scripts/test.sh runs `-n auto --dist loadgroup`) the infra layer stays on
 # one worker: its syntheses are session fixtures, shared by every infra test, and overlap its
-# own subprocesses (tests/infra/conftest.py); the other layers spread over the rest.
+# own subprocesses (tests/infra/conftest.py); the other layers spread over the rest. First:
+# xdist reads the group from the marks in its own collection hook, registered after this file,
+# so called before it (a group added later is not seen, and every worker synthesised).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     for item in items:
         layer = Path(str(item.fspath)).parent.name
