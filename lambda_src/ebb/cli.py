@@ -123,12 +123,7 @@ def cmd_train(args) -> int:
 
 def _train_locked(args, spec, out, data, has_manifest: bool) -> int:
     """``ebb train`` once the job holds the lock on its OUT."""
-    import torch
-
-    from ebb.catalogue import entry
-    from ebb.engine.preflight import PreflightError
-    from ebb.local.progress import ProgressSink
-    from ebb.local.runner import JobFailed, run_local
+    from ebb.engine.preflight import PreflightError, preflight
     from ebb.ports.keys import MANIFEST_KEY
 
     if not has_manifest and spec.prepare is not None and not args.resume:
@@ -150,11 +145,22 @@ def _train_locked(args, spec, out, data, has_manifest: bool) -> int:
             file=sys.stderr,
         )
         return 2
+    try:  # before torch and the engine are imported (seconds): a bad dataset is refused at once
+        preflight(spec, data)
+    except PreflightError as exc:
+        print(f"ebb train: {exc}", file=sys.stderr)
+        return 2
+    import torch
+
+    from ebb.catalogue import entry
+    from ebb.local.progress import ProgressSink
+    from ebb.local.runner import JobFailed, run_local
+
     torch.set_num_threads(1)
     sink = ProgressSink(entry(spec.model).loss_name, clock=spec.clock.kind)
     started = time.monotonic()
     try:
-        report, _ = run_local(spec, sink, resume=bool(args.resume))
+        report, _ = run_local(spec, sink, resume=bool(args.resume), preflighted=True)
     except PreflightError as exc:  # nothing ran: nothing to report
         sink.close({})
         print(f"ebb train: {exc}", file=sys.stderr)

@@ -341,6 +341,7 @@ def run_local(
     measure_of: Callable | None = None,
     child_setup: Callable[[int], None] | None = None,
     pause_after: Callable[[dict], bool] | None = None,
+    preflighted: bool = False,
 ) -> tuple[dict, dict[str, np.ndarray]]:
     """Run ``spec`` to completion here, round by round; returns (report, merged model).
 
@@ -363,7 +364,8 @@ def run_local(
     checkpoints = open_object_store(checkpoints_location(spec))
     if not resume:
         check_outputs(spec, out)
-    preflight(spec, data)  # PreflightError: nothing has run, nothing is written
+    if not preflighted:  # the caller checked this dataset against this job (``ebb train``)
+        preflight(spec, data)  # PreflightError: nothing has run, nothing is written
     round_ = _first_round(spec, checkpoints, resume)
     if in_process is None:
         in_process = (
