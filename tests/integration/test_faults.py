@@ -184,8 +184,10 @@ def test_killing_ebb_train_leaves_nothing_running_and_resume_finishes(small_rati
 
 def test_a_redis_server_that_dies_mid_job_is_replaced_and_the_round_run_again(small_ratings, tmp_path):
     data_dir, _ = small_ratings
-    clean, clean_model = run_local(_spec(data_dir, tmp_path / "clean", round_steps=6))
-    spec = _spec(data_dir, tmp_path / "faulty", name="redis-dies", round_steps=6)
+    # 8 epochs: 48 steps in 8 rounds, each with its worker processes; the server dies in round 1 or 2.
+    short = {"stop.max_epochs": 8}
+    clean, clean_model = run_local(_spec(data_dir, tmp_path / "clean", round_steps=6, **short))
+    spec = _spec(data_dir, tmp_path / "faulty", name="redis-dies", round_steps=6, **short)
     latest = tmp_path / "faulty" / "checkpoints" / "latest.json"
     others = {p.pid for p in psutil.Process().children() if p.name() == "redis-server"}  # e.g. the session's
 
