@@ -44,7 +44,17 @@ def native_library(tmp_path_factory):
     from ebb import native
     from ebb.native.build import build
 
-    path = build(tmp_path_factory.mktemp("native") / "_kernels.so")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one build for the run's workers (7 s of CPU each)
+        from filelock import FileLock
+
+        shared = tmp_path_factory.getbasetemp().parent  # this run's, beside every worker's own
+        path = shared / "native" / "_kernels.so"
+        with FileLock(str(shared / "native.lock")):
+            if not path.exists():
+                path.parent.mkdir(exist_ok=True)
+                build(path)
+    else:
+        path = build(tmp_path_factory.mktemp("native") / "_kernels.so")
     with pytest.MonkeyPatch.context() as env:
         env.delenv("EBB_NATIVE", raising=False)
         lib = native._load(path)
