@@ -171,7 +171,8 @@ class Compute(Construct):
             },
             "onFailure": {**common_env, **events},
             "predict": {**common_env, **workers},
-            "tune": dict(common_env),
+            # the deployment: a trial pack's fixed cost priced at the deployed functions (as Validate prices a job)
+            "tune": {**common_env, names.DEPLOYMENT_ENV: json.dumps(dict(deployment), separators=(",", ":"))},
         }
 
         stack_name = Stack.of(self).stack_name

@@ -28,6 +28,9 @@ from ebb.ports.objects import ObjectStore
 from ebb.spec import JobSpec
 from ebb.stores import open_object_store
 
+# The datasets this function instance holds warm (``Job.keep_warm``).
+_WARMED: set[str] = set()
+
 # How often a running supervisor looks for the abort marker (one S3 request each time).
 ABORT_POLL_S = 3.0
 
@@ -94,6 +97,21 @@ class Job:
     def redis_job(self) -> str:
         """The job's namespace in the shared cache: the execution's id, unique per run."""
         return self.job_id
+
+    def keep_warm(self) -> None:
+        """Load and convert the training split once per function instance (``engine.parts.warm_up``):
+        a trial pack's later jobs on this instance read no part again. Its first load is billed
+        in this invocation's time (the job's); nothing is kept when it is over the part cache."""
+        if self.spec.data in _WARMED:
+            return
+        from ebb.engine.parts import warm_up
+        from ebb.models import build_model
+        from ebb.ports.manifest import load_manifest
+
+        manifest = load_manifest(self.data, self.spec.data)
+        model = build_model(self.spec.model, manifest, self.spec.hyper, self.spec.seed)
+        warm_up(self.data, manifest, model, self.spec.aws.part_cache_bytes())
+        _WARMED.add(self.spec.data)
 
     def write_progress(self, progress: dict) -> None:
         self.out.put(PROGRESS_KEY, json.dumps(progress, separators=(",", ":")).encode())
