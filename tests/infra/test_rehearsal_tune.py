@@ -4,8 +4,12 @@ training machine signed with the Tune machine's role, every handler under its ow
 
 - A job paused at its `pause_after_steps` ends with its checkpoints and no Finalize; an
   execution of the same job with `resume: true` carries on from them (no round twice).
-- A tiny search (3 trials, rungs at 1 and 3 epochs): every trial trains its first rung, the
-  best one is promoted and resumed from its checkpoint, and Conclude writes tune.json and best/.
+- A tiny search in trial packs (3 trials, rungs at 1 and 3 epochs, 2 fleets): its 4 jobs run
+  in at most 2 executions of the training machine, each asking the search for its next job
+  between jobs (NextJob; the fleets' decisions stored over each other's with If-Match); the
+  best trial is promoted and resumed from its checkpoint (no round twice); the packs' fixed
+  cost is shared into the trials' costs, which sum to tune.json's total; Conclude writes
+  tune.json and best/.
 """
 
 from __future__ import annotations
@@ -59,10 +63,12 @@ def test_a_paused_job_ends_without_finalize_and_resumes_from_its_checkpoints(aws
     }
     first = _wait(aws, _start(aws, "rehearse-pause-1", {**spec, "job_id": job, "pause_after_steps": 2}))
     assert first["status"] == "SUCCEEDED", first.get("cause")
-    assert _entered(first["history"])[-1] == names.PAUSED
+    entered = _entered(first["history"])
+    assert names.PAUSED in entered and names.FINALIZE not in entered and names.NEXT_JOB_STATE not in entered
     output = json.loads(first["output"])
-    assert output == {"job_id": job, "spec_key": f"jobs/{job}/spec.json", "status": "paused", "round": 1,
-                      "workers": [0, 1], "steps": 2}  # fmt: skip
+    assert output == {"job_id": job, "spec_key": f"jobs/{job}/spec.json", "packed": False, "pack": None,
+                      "pause_after_steps": 2, "status": "paused", "round": 1, "workers": [0, 1],
+                      "steps": 2}  # fmt: skip
     assert not _exists(aws, f"jobs/{job}/report.json")  # no Finalize
 
     second = _wait(aws, _start(aws, "rehearse-pause-2", {**spec, "job_id": job, "resume": True}))
@@ -96,25 +102,38 @@ def test_a_stopped_trial_execution_stops_the_job_its_input_names(aws):
     assert aws.stack.denied == []
 
 
-def test_a_tiny_search_promotes_the_best_trial_and_resumes_it_from_its_checkpoint(aws):
+def test_a_tiny_search_runs_in_trial_packs_promotes_the_best_and_resumes_it_from_its_checkpoint(aws):
     tune_id = "rehearse-tune-1"
+    fleets = 2
     search = {
         # (from_base off: the base job, always promoted, would be a second promotion)
         "tune": {"trials": 3, "eta": 3, "min_epochs": 1, "max_epochs": 3, "seed": 1, "from_base": False,
                  "space": {"hyper.lr": {"log_uniform": [0.01, 0.1]}}},
         "job": {"model": "pmf", "workers": 1, "seed": 3, "hyper": {"rank": 3}, "data": "datasets/tune",
                 "scaling": {"policy": "none"}},
+        "fleets": fleets,
     }  # fmt: skip
     machine = aws.stack.output(names.TUNE_STATE_MACHINE_OUTPUT)
     started = aws.sfn.start_execution(stateMachineArn=machine, name=tune_id, input=json.dumps({"search": search}))
     run = _wait(aws, started["executionArn"])
     assert run["status"] == "SUCCEEDED", run.get("cause")
     entered = _entered(run["history"])
-    # Two passes (the first rung of all three, then the promotion), then Ask has nothing more.
-    assert entered.count(names.TRIALS_STATE) == 2 and entered[-2:] == [names.CONCLUDE_STATE, "Tuned"]
+    # One pass: the packs train every job (first rungs and the promotion); then Ask has nothing more.
+    assert entered.count(names.TRIALS_STATE) == 1 and entered[-2:] == [names.CONCLUDE_STATE, "Tuned"]
 
     result = json.loads(_stored(aws, f"tunes/{tune_id}/tune.json"))
-    assert len(result["trials"]) == 3 and result["rungs"] == [1, 3]
+    assert len(result["trials"]) == 3 and result["rungs"] == [1, 3] and len(result["launches"]) == 4
+    # The search's 4 jobs ran in at most `fleets` executions of the training machine, a pack each.
+    training = aws.stack.output(names.STATE_MACHINE_OUTPUT)
+    executions = [e for e in aws.sfn.list_executions(stateMachineArn=training)["executions"]
+                  if e["name"].startswith(f"{tune_id}-")]  # fmt: skip
+    assert 1 <= len(executions) <= fleets and len(result["packs"]) == len(executions)
+    assert {e["name"] for e in executions} == {p["execution"] for p in result["packs"]}
+    assert {e["status"] for e in executions} == {"SUCCEEDED"}
+    assert sorted((j["trial"], j["rung"]) for p in result["packs"] for j in p["jobs"]) == sorted(
+        (x["trial"], x["rung"]) for x in result["launches"]
+    )
+    assert sum(len(p["jobs"]) for p in result["packs"]) == 4 and max(len(p["jobs"]) for p in result["packs"]) >= 2
     promoted = [x for x in result["launches"] if x["rung"] == 1]
     assert len(promoted) == 1 and promoted[0]["from_epochs"] == 1
     best = result["best"]["trial"]
@@ -125,21 +144,47 @@ def test_a_tiny_search_promotes_the_best_trial_and_resumes_it_from_its_checkpoin
         assert _stored(aws, f"tunes/{tune_id}/best/{key}"), key
 
     # The promoted trial did not train its first rung again: its supervisor's rounds run on
-    # from where the first execution paused, each round once; its second execution resumed.
+    # from where its first job paused, each round once; its second job resumed (in a pack's execution).
     job = f"{tune_id}-t{best:03d}"
     rounds = [c.event["round"] for c in _of_job(aws.runtime.of("supervisor"), job)]
     assert rounds == [0, 1, 2]  # a round is an epoch (round_steps: one worker's epoch)
-    validated = sorted((c.event["execution"], c.result["round"]) for c in aws.runtime.of("validate")
-                       if c.result and c.result["job_id"] == job)  # fmt: skip
-    assert validated == [(f"{job}-r0", 0), (f"{job}-r1", 1)]
+    validated = [(c.event["execution"], c.result["round"]) for c in aws.runtime.of("validate")
+                 if c.result and c.result["job_id"] == job]  # fmt: skip
+    assert [r for _, r in validated] == [0, 1]
+    assert {e for e, _ in validated} <= {p["execution"] for p in result["packs"]}
     report = json.loads(_stored(aws, f"jobs/{job}/report.json"))
     assert report["rounds"] == 3 and report["status"] == "max_epochs"
     # Each pruned trial trained its first rung only.
     for row in result["trials"][1:]:
         other = f"{tune_id}-t{row['trial']:03d}"
         assert [c.event["round"] for c in _of_job(aws.runtime.of("supervisor"), other)] == [0]
-    # Ask and Tell ran under the tune function's role, the nested executions under the Tune machine's.
-    assert len(aws.runtime.of("ebb.tune.handler")) == 6  # Ask, Tell, Ask, Tell, Ask, Conclude
+
+    # Cost: the jobs metered as the packs' (no execution of their own), each pack's fixed cost
+    # shared out by its trials' seconds; the shares sum to what the packs paid, the trials' costs
+    # to the total, and the best trial's report carries its share (cost.pack_usd) as locally.
+    packs_usd = sum(p["usd"] for p in result["packs"])
+    assert result["packs_usd"] == pytest.approx(packs_usd, abs=1e-6) and packs_usd > 0
+    shares = {}
+    for p in result["packs"]:
+        assert sum(p["shares"].values()) == pytest.approx(p["usd"], rel=1e-9)
+        assert p["waves"] == sum(j["rounds"] for j in p["jobs"]) and p["decisions"] == len(p["jobs"])
+        for trial, usd in p["shares"].items():
+            shares[int(trial)] = shares.get(int(trial), 0.0) + usd
+    assert sum(shares.values()) == pytest.approx(packs_usd, rel=1e-9)
+    assert result["total_usd"] == pytest.approx(sum(r["cost_usd"] for r in result["trials"]), abs=1e-5)
+    cost = report["cost"]
+    assert cost["pack_usd"] == pytest.approx(shares[best], rel=1e-9)
+    assert cost["total_usd"] == pytest.approx(cost["job_usd"] + cost["pack_usd"], rel=1e-9)
+    assert result["trials"][0]["cost_usd"] == pytest.approx(cost["total_usd"], rel=1e-9)
+    # The job's own meter priced no execution (the pack's is in its share).
+    assert cost["by_component"]["step_functions"] == 0 and cost["by_component"]["lambda_requests"] == 0
+    assert result["cost_by_component"]["step_functions"] == pytest.approx(
+        sum(p["by_component"]["step_functions"] for p in result["packs"]), rel=1e-9
+    )
+    # Ask, a NextJob after each of the 4 jobs (the last of each pack answered "done"), Tell, Ask, Conclude.
+    calls = [c.event["action"] for c in aws.runtime.of("ebb.tune.handler")]
+    assert calls.count("next") == 4 and calls.count("ask") == 2 and calls.count("tell") == 1
+    assert len(calls) == 8
     assert aws.stack.denied == []
 
 

@@ -36,7 +36,8 @@ def handler(event: dict, context) -> dict:
     config = aws_config()
     if action == "ask":
         account = account_settings()
-        run, (before, packs) = StackTune.step(config, tune_id, lambda r: (r.summary(), r.ask(account)), event.get("search"))
+        asked = StackTune.step(config, tune_id, lambda r: (r.summary(), r.ask(account)), event.get("search"))
+        run, (before, packs) = asked
         _put(config, tune_id, {"TrialsStarted": run.summary()["trials_started"] - before["trials_started"]})
         logger.info("asked", extra={"packs": [p.pack for p in packs], **run.summary()})
         return {"done": not packs, "packs": [asdict(p) for p in packs], "max_concurrency": max(1, len(packs))}
