@@ -65,6 +65,11 @@ def test_the_machine_starts_the_training_machine_and_invokes_the_tune_function_o
     assert writes and f"/{names.TUNES}*" in resources and f"/{names.JOBS}*/report.json" in resources
     assert not [s for s in function_statements if "s3:DeleteObject*" in _actions(s)]
     assert not [a for s in function_statements for a in _actions(s) if a == "*" or a.endswith(":*")]
+    # The training machine invokes the tune function for a pack's NextJob: no other grant comes with it.
+    _, training_props = default.machine()
+    training_statements = _statements(default, training_props["RoleArn"]["Fn::GetAtt"][0])
+    on_tune = [s for s in training_statements if tune in str(s["Resource"])]
+    assert on_tune and {a for s in on_tune for a in _actions(s)} == {"lambda:InvokeFunction"}
     assert default.template["Outputs"][names.TUNE_STATE_MACHINE_OUTPUT]["Value"] == {"Ref": machine}
     assert default.functions["tune"]["ImageConfig"]["Command"] == ["ebb.tune.handler.handler"]
 
