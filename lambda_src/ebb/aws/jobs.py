@@ -20,7 +20,7 @@ from functools import cached_property
 from pydantic import ValidationError
 
 from ebb.aws.config import AwsConfig
-from ebb.aws.contract import JobControl
+from ebb.aws.contract import JobControl, PackRef
 from ebb.engine import checkpoint
 from ebb.ports import deployment as names
 from ebb.ports.keys import PROGRESS_KEY
@@ -184,18 +184,33 @@ def split_control(raw: dict) -> tuple[dict, JobControl]:
     return spec, control
 
 
-def job_of_execution(name: str | None, execution_input: str) -> str | None:
+def job_of_execution(name: str | None, execution_input: str, packs: ObjectStore | None = None) -> str | None:
     """The job an execution ran: the ``job_id`` its input names (a trial's executions share
-    one), else the execution's name (as Validate decides)."""
+    one), else the execution's name (as Validate decides). A trial pack's execution runs many
+    jobs, its input naming the first: the one it was training is in its search's state
+    (``packs``: the bucket; ``tunes/<id>/state.json``'s ``packs[k].job.job_id``)."""
     try:
         raw = json.loads(execution_input)
     except ValueError:
         return name
     given = raw.get(names.JOB_ID_FIELD) if isinstance(raw, dict) else None
+    pack = raw.get(names.PACK_FIELD) if isinstance(raw, dict) else None
+    if packs is not None and isinstance(pack, dict):
+        given = _pack_job(packs, pack) or given
     try:
         return JobControl.model_validate({names.JOB_ID_FIELD: given}).job_id or name
     except ValidationError:  # not a job id Validate would have taken: it ran as the execution
         return name
+
+
+def _pack_job(packs: ObjectStore, pack: dict) -> str | None:
+    """The job a trial pack is training now, as its search's state says (None: between jobs, or unknown)."""
+    try:
+        ref = PackRef.model_validate(pack)
+        state = json.loads(packs.get(names.tune_state_key(ref.tune_id)))
+        return state["packs"][ref.pack]["job"]["job_id"]
+    except (ValidationError, KeyError, IndexError, TypeError, ValueError):
+        return None
 
 
 def resume_point(config: AwsConfig, job_id: str, workers: int) -> tuple[int, list[int]]:

@@ -51,6 +51,11 @@ def tune_prefix(tune_id: str) -> str:
     return f"{TUNES}{tune_id}"
 
 
+def tune_state_key(tune_id: str) -> str:
+    """A search's state between its steps; OnFailure reads which job a stopped pack was training."""
+    return f"{tune_prefix(tune_id)}/state.json"
+
+
 # What each function writes, as object-key patterns (IAM wildcards; `*` spans `/`). The
 # stack grants exactly these (stacks/compute.py) and nothing else: PutObject on `put`,
 # DeleteObject on `delete`. Every function reads the whole bucket.

@@ -626,6 +626,7 @@ def _price(record: dict[str, Any], spec: JobSpec) -> None:
         waves=record.get("waves", 1),
         object_gets=record["object_gets"],
         object_puts=record["decisions"],
+        transitions=record.get("transitions", 0),  # (a stack's pack: each job's own states)
     )
     record["usd"] = cost["total_usd"]
     record["by_component"] = cost["by_component"]

@@ -48,7 +48,7 @@ from ebb.tune.scheduler import Job, Outcome, Search
 from ebb.tune.space import TuneSpec, start_point
 from ebb.tune.trial import TRIAL_SPEC, last_rung_passes, outcome
 
-STATE_FILE = "state.json"
+STATE_FILE = "state.json"  # (names.tune_state_key)
 RESULT_FILE = "tune.json"
 BEST = "best"
 # A tune's id is its execution's name, at most this long: a trial's job id and its
@@ -57,6 +57,9 @@ MAX_TUNE_ID = 64
 # Events a job adds to its pack's execution beyond Validate's count (JOB_EVENTS): the pack's
 # InPack?, NextJob (task), Job? and NextInput states.
 PACK_JOB_EVENTS = 12
+# States each job of a pack passes beside its rounds' (priced as the pack's: the job's own meter
+# prices none): Validate, Prepare?, Paused or Finalize, InPack?, NextJob, Job?, NextInput.
+PACK_JOB_STATES = 7
 # A decision that lost the race for the state to another fleet's is taken again, at most so often.
 DECIDE_ATTEMPTS = 20
 
@@ -328,7 +331,8 @@ class StackTune:
     def _start(self, record: dict[str, Any], job: Job) -> dict[str, Any]:
         """``job`` in ``record``'s pack: its execution input (the ``pack`` control field on)."""
         latest = _latest_round(self.checkpoints(job.trial))
-        record["job"] = {"trial": job.trial, "rung": job.rung, "rounds_before": latest}
+        job_id = trial_job_id(self.tune_id, job.trial)  # (OnFailure reads it: a stopped pack's job)
+        record["job"] = {"trial": job.trial, "rung": job.rung, "rounds_before": latest, "job_id": job_id}
         record["events"] += self._job_events(job.to_epochs - job.from_epochs)
         doc = self.execution(job).input
         doc[names.PACK_FIELD] = {"tune_id": self.tune_id, "pack": record["pack"]}
@@ -363,6 +367,7 @@ class StackTune:
         """What the pack pays once, priced again: a wave of invocations per round its jobs ran
         (on a stack every round is one), and shared out by its trials' seconds."""
         record["waves"] = max(1, sum(j["rounds"] for j in record["jobs"]))
+        record["transitions"] = PACK_JOB_STATES * len(record["jobs"])
         _price(record, self._priced())
         reshare(record, self.search.trials)
 
