@@ -53,7 +53,13 @@ def handler(event: dict, context) -> dict:
         logger.info("next", extra={"pack": pack, "ended": event.get("job_id"), "next": job and job["job_id"]})
         return {"done": job is None, "input": job}
     if action == "tell":
-        run, (before, _) = StackTune.step(config, tune_id, lambda r: (r.summary(), r.tell(event["results"])))
+
+        def tell(run: StackTune) -> dict[str, object]:
+            before = run.summary()
+            run.tell(event["results"])
+            return before
+
+        run, before = StackTune.step(config, tune_id, tell)
         summary = run.summary()
         counts = {"TrialsFinished": summary["trials_finished"] - before["trials_finished"]}
         _put(config, tune_id, counts, best=summary["best_val"])

@@ -43,6 +43,7 @@ from ebb.ports.keys import REPORT_KEY
 from ebb.ports.objects import ObjectStore
 from ebb.spec import JobSpec, SpecError, parse_spec
 from ebb.stores import open_object_store
+from ebb.stores.s3 import S3ObjectStore
 from ebb.tune.runner import BEST_FILES, _price, pack_totals, pack_usd, reshare, tune_result, with_pack_share
 from ebb.tune.scheduler import Job, Outcome, Search
 from ebb.tune.space import TuneSpec, start_point
@@ -110,8 +111,11 @@ class StackTune:
 
     # -- state ---------------------------------------------------------------------
     @staticmethod
-    def store(config: AwsConfig, tune_id: str) -> ObjectStore:
-        return open_object_store(f"s3://{config.bucket}/{names.tune_prefix(tune_id)}")
+    def store(config: AwsConfig, tune_id: str) -> S3ObjectStore:
+        """The search's folder in the bucket (S3: its state is written with conditional PUTs)."""
+        store = open_object_store(f"s3://{config.bucket}/{names.tune_prefix(tune_id)}")
+        assert isinstance(store, S3ObjectStore)
+        return store
 
     @classmethod
     def load(cls, config: AwsConfig, tune_id: str, submitted: dict[str, Any] | None = None) -> StackTune:
@@ -131,7 +135,9 @@ class StackTune:
         return run
 
     @classmethod
-    def step(cls, config: AwsConfig, tune_id: str, act: Callable[[StackTune], Any], submitted=None) -> Any:
+    def step(
+        cls, config: AwsConfig, tune_id: str, act: Callable[[StackTune], Any], submitted: dict[str, Any] | None = None
+    ) -> tuple[StackTune, Any]:
         """``act`` on the search, stored only over the version it was loaded from: another
         fleet's decision stored meanwhile, and ``act`` runs again on the newer state."""
         for attempt in range(DECIDE_ATTEMPTS):
