@@ -4,7 +4,7 @@ training machine signed with the Tune machine's role, every handler under its ow
 
 - A job paused at its `pause_after_steps` ends with its checkpoints and no Finalize; an
   execution of the same job with `resume: true` carries on from them (no round twice).
-- A tiny search in trial packs (3 trials, rungs at 1 and 3 epochs, 2 fleets): its 4 jobs run
+- A tiny search in trial packs (2 trials, rungs at 1 and 2 epochs, 2 fleets): its 3 jobs run
   in at most 2 executions of the training machine, each asking the search for its next job
   between jobs (NextJob; the fleets' decisions stored over each other's with If-Match); the
   best trial is promoted and resumed from its checkpoint (no round twice); the packs' fixed
@@ -111,7 +111,7 @@ def test_a_tiny_search_runs_in_trial_packs_promotes_the_best_and_resumes_it_from
     fleets = 2
     search = {
         # (from_base off: the base job, always promoted, would be a second promotion)
-        "tune": {"trials": 3, "eta": 3, "min_epochs": 1, "max_epochs": 3, "seed": 1, "from_base": False,
+        "tune": {"trials": 2, "eta": 2, "min_epochs": 1, "max_epochs": 2, "seed": 1, "from_base": False,
                  "space": {"hyper.lr": {"log_uniform": [0.01, 0.1]}}},
         "job": {"model": "pmf", "workers": 1, "seed": 3, "hyper": {"rank": 3}, "data": "datasets/tune",
                 "scaling": {"policy": "none"}},
@@ -126,8 +126,8 @@ def test_a_tiny_search_runs_in_trial_packs_promotes_the_best_and_resumes_it_from
     assert entered.count(names.TRIALS_STATE) == 1 and entered[-2:] == [names.CONCLUDE_STATE, "Tuned"]
 
     result = json.loads(_stored(aws, f"tunes/{tune_id}/tune.json"))
-    assert len(result["trials"]) == 3 and result["rungs"] == [1, 3] and len(result["launches"]) == 4
-    # The search's 4 jobs ran in at most `fleets` executions of the training machine, a pack each.
+    assert len(result["trials"]) == 2 and result["rungs"] == [1, 2] and len(result["launches"]) == 3
+    # The search's 3 jobs ran in at most `fleets` executions of the training machine, a pack each.
     training = aws.stack.output(names.STATE_MACHINE_OUTPUT)
     executions = [e for e in aws.sfn.list_executions(stateMachineArn=training)["executions"]
                   if e["name"].startswith(f"{tune_id}-")]  # fmt: skip
@@ -137,12 +137,12 @@ def test_a_tiny_search_runs_in_trial_packs_promotes_the_best_and_resumes_it_from
     assert sorted((j["trial"], j["rung"]) for p in result["packs"] for j in p["jobs"]) == sorted(
         (x["trial"], x["rung"]) for x in result["launches"]
     )
-    assert sum(len(p["jobs"]) for p in result["packs"]) == 4 and max(len(p["jobs"]) for p in result["packs"]) >= 2
+    assert sum(len(p["jobs"]) for p in result["packs"]) == 3 and max(len(p["jobs"]) for p in result["packs"]) >= 2
     promoted = [x for x in result["launches"] if x["rung"] == 1]
     assert len(promoted) == 1 and promoted[0]["from_epochs"] == 1
     best = result["best"]["trial"]
     assert best == promoted[0]["trial"] and result["trials"][0]["trial"] == best
-    assert result["trials"][0]["status"] == "max_epochs" and result["trials"][0]["epochs"] == 3
+    assert result["trials"][0]["status"] == "max_epochs" and result["trials"][0]["epochs"] == 2
     assert {r["status"] for r in result["trials"][1:]} == {"pruned"}
     for key in ("report.json", "model.npz", "loss.png", "trial.json"):
         assert _stored(aws, f"tunes/{tune_id}/best/{key}"), key
@@ -151,13 +151,13 @@ def test_a_tiny_search_runs_in_trial_packs_promotes_the_best_and_resumes_it_from
     # from where its first job paused, each round once; its second job resumed (in a pack's execution).
     job = f"{tune_id}-t{best:03d}"
     rounds = [c.event["round"] for c in _of_job(aws.runtime.of("supervisor"), job)]
-    assert rounds == [0, 1, 2]  # a round is an epoch (round_steps: one worker's epoch)
+    assert rounds == [0, 1]  # a round is an epoch (round_steps: one worker's epoch)
     validated = [(c.event["execution"], c.result["round"]) for c in aws.runtime.of("validate")
                  if c.result and c.result["job_id"] == job]  # fmt: skip
     assert [r for _, r in validated] == [0, 1]
     assert {e for e, _ in validated} <= {p["execution"] for p in result["packs"]}
     report = json.loads(_stored(aws, f"jobs/{job}/report.json"))
-    assert report["rounds"] == 3 and report["status"] == "max_epochs"
+    assert report["rounds"] == 2 and report["status"] == "max_epochs"
     # Each pruned trial trained its first rung only.
     for row in result["trials"][1:]:
         other = f"{tune_id}-t{row['trial']:03d}"
@@ -185,10 +185,10 @@ def test_a_tiny_search_runs_in_trial_packs_promotes_the_best_and_resumes_it_from
     assert result["cost_by_component"]["step_functions"] == pytest.approx(
         sum(p["by_component"]["step_functions"] for p in result["packs"]), rel=1e-9
     )
-    # Ask, a NextJob after each of the 4 jobs (the last of each pack answered "done"), Tell, Ask, Conclude.
-    calls = [c.event["action"] for c in aws.runtime.of("ebb.tune.handler")]
-    assert calls.count("next") == 4 and calls.count("ask") == 2 and calls.count("tell") == 1
-    assert len(calls) == 8
+    # Ask, a NextJob after each of the 3 jobs (the last of each pack answered "done"), Tell, Ask, Conclude.
+    calls = [c.event["action"] for c in aws.runtime.of("ebb.tune.handler") if c.event["tune_id"] == tune_id]
+    assert calls.count("next") == 3 and calls.count("ask") == 2 and calls.count("tell") == 1
+    assert len(calls) == 7
     assert aws.stack.denied == []
 
 
@@ -208,7 +208,8 @@ def test_ebb_tune_stack_uploads_the_data_starts_the_search_and_prints_its_leader
     monkeypatch.setattr(aws_clients, "_session", None)
     argv = ["tune", "--stack", "Ebb", "--model", "pmf", "--data", aws.tune_data, "--workers", "1", "--name", "cli",
             "--set", "hyper.rank=3", "--set", "scaling.policy=none", "--param", "hyper.lr=log_uniform:0.01,0.1",
-            "--trials", "2", "--eta", "2", "--min-epochs", "1", "--max-epochs", "2", "--watch"]  # fmt: skip
+            "--trials", "2", "--eta", "2", "--min-epochs", "1", "--max-epochs", "2", "--fleets", "2",
+            "--watch"]  # fmt: skip
     assert main(argv) == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     started = re.search(
@@ -224,6 +225,7 @@ def test_ebb_tune_stack_uploads_the_data_starts_the_search_and_prints_its_leader
     launches = json.loads(_stored(aws, f"tunes/{tune_id}/tune.json"))["launches"]
     promoted = {x["trial"] for x in launches if x["rung"] == 1}
     assert best in promoted and promoted <= {best, 0}
+    assert 1 <= len(json.loads(_stored(aws, f"tunes/{tune_id}/tune.json"))["packs"]) <= 2  # --fleets 2
     # The local dataset went to the bucket once, under datasets/, and the trials read it there.
     spec = json.loads(_stored(aws, f"jobs/{tune_id}-t000/spec.json"))
     assert spec["data"].startswith(f"s3://{aws.bucket}/datasets/prepared-")

@@ -138,7 +138,9 @@ def test_fleets_start_a_pack_each_and_a_decision_made_on_a_stale_state_is_taken_
     assert first.next(0)[names.JOB_ID_FIELD] == "tune-f-t002" and first.save()
     second.next(1)
     assert not second.save()  # stale: it would have given trial 2 again
-    again = _step(bucket, "tune-f", lambda r: r.next(1))
+    with pytest.raises(stack.TuneInputError, match="pack 0: job tune-f-t000 is not the job it runs"):
+        StackTune.load(bucket, "tune-f").next(0, "tune-f-t000")  # told already: a repeated NextJob
+    again = _step(bucket, "tune-f", lambda r: r.next(1, "tune-f-t001"))
     assert again is None  # nothing for it until trial 2's rung is in (synchronous halving): the pack ends
     run = StackTune.load(bucket, "tune-f")
     assert [p["open"] for p in run.packs] == [True, False]

@@ -43,7 +43,7 @@ def handler(event: dict, context) -> dict:
         return {"done": not packs, "packs": [asdict(p) for p in packs], "max_concurrency": max(1, len(packs))}
     if action == "next":
         pack = int(event["pack"])
-        run, (before, job) = StackTune.step(config, tune_id, lambda r: (r.summary(), r.next(pack)))
+        run, (before, job) = StackTune.step(config, tune_id, lambda r: (r.summary(), r.next(pack, event.get("job_id"))))
         summary = run.summary()
         counts = {
             "TrialsStarted": summary["trials_started"] - before["trials_started"],

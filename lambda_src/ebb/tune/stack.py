@@ -264,12 +264,17 @@ class StackTune:
             starts.append(PackStart(record["pack"], pack_name(self.tune_id, record["pack"]), self._start(record, job)))
         return starts
 
-    def next(self, pack: int) -> dict[str, Any] | None:
-        """A pack's job has ended well (its execution reached NextJob): tell the search, and
-        ask it for the pack's next job (its execution's input), or None: the pack ends (the
-        search has none for it now, or another job might overflow the execution's history)."""
+    def next(self, pack: int, job_id: str | None = None) -> dict[str, Any] | None:
+        """A pack's job (``job_id``) has ended well (its execution reached NextJob): tell the
+        search, and ask it for the pack's next job (its execution's input), or None: the pack
+        ends (the search has none for it now, or another job might overflow the execution's
+        history)."""
         started = time.monotonic()
         record = self.packs[pack]
+        running = record["job"]
+        if running is None or (job_id is not None and running["job_id"] != job_id):
+            # (told already: a repeated NextJob must not fold the pack's next job in as ended)
+            raise TuneInputError(f"pack {pack}: job {job_id} is not the job it runs ({running and running['job_id']})")
         self._job_ended(record, ok=True)
         job = None
         if record["events"] + self._job_events(self.tspec.rungs()[-1]) <= names.HISTORY_LIMIT:
