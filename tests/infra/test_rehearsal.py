@@ -45,10 +45,13 @@ EXECUTION_DEADLINE_S = 240  # a hung execution fails the test with its history, 
 START_DEADLINE_S = 180  # a job that never starts training fails here (generous: CI runs the layers side by side)
 # After an execution fails, every invocation of its job has returned within this (docs/AWS.md "Abort").
 ORPHAN_DEADLINE_S = 20
-# (pause_after_steps: Validate's, carried from round to round; 0, the job never pauses)
+# (pause_after_steps: Validate's, carried from round to round; 0, the job never pauses;
+# packed and pack: a trial pack's, false and null for a job of its own)
 FINISHED_OUTPUT = {
     "job_id",
     "spec_key",
+    "packed",
+    "pack",
     "status",
     "round",
     "workers",
