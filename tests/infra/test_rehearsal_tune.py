@@ -158,10 +158,16 @@ def test_a_tiny_search_runs_in_trial_packs_promotes_the_best_and_resumes_it_from
     assert {e for e, _ in validated} <= {p["execution"] for p in result["packs"]}
     report = json.loads(_stored(aws, f"jobs/{job}/report.json"))
     assert report["rounds"] == 2 and report["status"] == "max_epochs"
-    # Each pruned trial trained its first rung only.
+    # Each pruned trial trained its first rung only, and has its report alone (as a local pack's).
     for row in result["trials"][1:]:
         other = f"{tune_id}-t{row['trial']:03d}"
         assert [c.event["round"] for c in _of_job(aws.runtime.of("supervisor"), other)] == [0]
+        pruned = json.loads(_stored(aws, f"jobs/{other}/report.json"))
+        assert pruned["status"] == "pruned" and pruned["model"] is None and pruned["test_metrics"]
+        assert row["cost_usd"] == pytest.approx(pruned["cost"]["total_usd"], rel=1e-9)
+        assert pruned["cost"]["pack_usd"] == pytest.approx(
+            sum(p["shares"].get(str(row["trial"]), 0) for p in result["packs"])
+        )
 
     # Cost: the jobs metered as the packs' (no execution of their own), each pack's fixed cost
     # shared out by its trials' seconds; the shares sum to what the packs paid, the trials' costs

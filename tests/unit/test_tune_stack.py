@@ -13,6 +13,7 @@ import pytest
 
 from ebb.aws.config import AwsConfig
 from ebb.ports import deployment as names
+from ebb.stores import open_object_store
 from ebb.stores.local import FolderObjectStore
 from ebb.tune import stack
 from ebb.tune.stack import StackTune, TuneInputError, max_concurrency
@@ -48,14 +49,24 @@ def outcomes(monkeypatch):
     given: dict[int, dict] = {}
 
     def outcome(spec, unit, store):
-        return given[int(spec.name.rsplit("-t", 1)[1])]
+        return dict(given[int(spec.name.rsplit("-t", 1)[1])])
 
     def latest_round(store):
         trial = int(store.url().rstrip("/").rsplit("-t", 1)[1])
         return int(given[trial]["epochs"]) if trial in given else 0
 
+    def close(spec, status, outputs, store):  # a pruned trial's report alone (the rehearsal scores real ones)
+        assert not outputs
+        report = {
+            "status": status,
+            "model": None,
+            "cost": {"total_usd": given[int(spec.name.rsplit("-t", 1)[1])]["cost_usd"]},
+        }
+        open_object_store(spec.out_location).put("report.json", json.dumps(report).encode())
+
     monkeypatch.setattr(stack, "outcome", outcome)
     monkeypatch.setattr(stack, "_latest_round", latest_round)
+    monkeypatch.setattr(stack, "close", close)
     return given
 
 
@@ -120,8 +131,10 @@ def test_one_pack_trains_every_job_asking_the_search_between_them_and_shares_its
     assert [(r["trial"], r["status"]) for r in result["trials"]] == [(1, "max_epochs"), (0, "pruned"), (2, "pruned")]
     assert result["packs_usd"] == pytest.approx(record["usd"], abs=1e-6) and "open" not in result["packs"][0]
     assert result["total_usd"] == pytest.approx(0.004 + 0.001 + 0.001 + record["usd"], abs=2e-6)
-    report = json.loads(boto3.client("s3").get_object(Bucket=BUCKET, Key="jobs/tune-a-t001/report.json")["Body"].read())
-    assert report["cost"]["job_usd"] == 0.004 and report["cost"]["pack_usd"] == pytest.approx(record["shares"]["1"])
+    for trial, job_usd in ((1, 0.004), (0, 0.001), (2, 0.001)):  # the pruned trials' reports too, as locally
+        key = f"jobs/tune-a-t00{trial}/report.json"
+        cost = json.loads(boto3.client("s3").get_object(Bucket=BUCKET, Key=key)["Body"].read())["cost"]
+        assert cost["job_usd"] == job_usd and cost["pack_usd"] == pytest.approx(record["shares"][str(trial)])
     stored = json.loads(boto3.client("s3").get_object(Bucket=BUCKET, Key="tunes/tune-a/tune.json")["Body"].read())
     assert stored == result
     best = boto3.client("s3").list_objects_v2(Bucket=BUCKET, Prefix="tunes/tune-a/best/")["Contents"]

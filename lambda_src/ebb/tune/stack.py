@@ -47,7 +47,7 @@ from ebb.stores.s3 import S3ObjectStore
 from ebb.tune.runner import BEST_FILES, _price, pack_totals, pack_usd, reshare, tune_result, with_pack_share
 from ebb.tune.scheduler import Job, Outcome, Search
 from ebb.tune.space import TuneSpec, start_point
-from ebb.tune.trial import TRIAL_SPEC, last_rung_passes, outcome
+from ebb.tune.trial import TRIAL_SPEC, close, last_rung_passes, outcome
 
 STATE_FILE = "state.json"  # (names.tune_state_key)
 RESULT_FILE = "tune.json"
@@ -384,15 +384,22 @@ class StackTune:
 
     def conclude(self) -> dict[str, Any]:
         """``tunes/<id>/tune.json`` (the leaderboard, as a local search's) and ``best/`` (the
-        best trial's report, model, plot and spec). Trials stopped between rungs keep their
-        checkpoints and have no report (locally they get one, scored on the test split)."""
+        best trial's report, model, plot and spec). A trial stopped between rungs keeps its
+        checkpoints and gets its report alone (status ``pruned``, scored on the test split), as
+        a local pack's does; every report gets its trial's share of the packs."""
+        from ebb.cost.meter import packed
+
         bucket = f"s3://{self.config.bucket}"
         reports = {}
         for t in self.search.trials:
+            if t.rung >= 0 and t.status == "paused" and not self.outputs(t.id).exists(REPORT_KEY):
+                # Stopped between rungs: its report alone (scored on the test split), as a local pack's.
+                with packed():
+                    close(self.trial_spec(t.id)[0], "pruned", outputs=False, store=self.checkpoints(t.id))
             try:
                 reports[t.id] = json.loads(self.outputs(t.id).get(REPORT_KEY))
             except KeyError:
-                reports[t.id] = {"status": "pruned"} if t.status == "paused" else {}
+                reports[t.id] = {}
                 continue
             if self.packs and with_pack_share(reports[t.id], pack_usd(self.packs, t.id)):  # as a local pack's
                 self.outputs(t.id).put(REPORT_KEY, json.dumps(reports[t.id], indent=2).encode())
