@@ -7,6 +7,7 @@
     Paused or Finalize -> InPack? -- a trial pack's job --> NextJob (the tune function: the
         search's next job for this pack) -> Job? -- one --> NextInput -> Validate (the next job)
                                                 -- none --> PackDone
+                                                -- not yet --> WaitForJob -> NextJob
     any Catch -> <State>Failed (records failed_state) -> OnFailure -> Fail (OnFailure's own Catch: Fail)
     execution stopped or timed out -> (EventBridge rule) -> OnFailure
 
@@ -51,7 +52,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from ebb.ports import deployment as names
-from ebb.ports.deployment import INLINE_MAP_LIMIT
+from ebb.ports.deployment import INLINE_MAP_LIMIT, PACK_POLL_S
 
 # Retried with backoff: Lambda's own failures and throttles, never a handler's error.
 LAMBDA_SERVICE_ERRORS = [
@@ -259,14 +260,18 @@ class Workflow(Construct):
             sfn.TaskInput.from_object(
                 {"action": "next", "tune_id.$": "$.pack.tune_id", "pack.$": "$.pack.pack", "job_id.$": "$.job_id"}
             ),
-            result_selector={"done.$": "$.Payload.done", "input.$": "$.Payload.input"},
+            result_selector={"done.$": "$.Payload.done", "wait.$": "$.Payload.wait", "input.$": "$.Payload.input"},
             result_path="$.next",
         )
         next_job.add_catch(fail, errors=["States.ALL"], result_path="$.error")
         start_next = sfn.Pass(self, "NextInput", output_path="$.next.input")
+        # No job now, but another pack's may end in a promotion: wait (no function runs) and ask again.
+        wait = sfn.Wait(self, names.PACK_WAIT_STATE, time=sfn.WaitTime.duration(Duration.seconds(PACK_POLL_S)))
+        wait.next(next_job)
         next_job.next(
             sfn.Choice(self, "Job?")
             .when(sfn.Condition.boolean_equals("$.next.done", True), sfn.Succeed(self, names.PACK_DONE_STATE))
+            .when(sfn.Condition.boolean_equals("$.next.wait", True), wait)
             .otherwise(start_next)
         )
         start_next.next(validate)

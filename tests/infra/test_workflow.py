@@ -103,8 +103,12 @@ def test_the_job_flows_validate_prepare_rounds_finalize(default):
     assert invoked_function(next_job) == f"<{default.function_id('tune')}.Arn>" and next_job["ResultPath"] == "$.next"
     assert next_job["Catch"][0]["Next"] == "JobFailed"  # no OnFailure: the job before it ended well
     job = states[next_job["Next"]]
-    assert job["Choices"] == [{"Variable": "$.next.done", "BooleanEquals": True, "Next": "PackDone"}]
+    assert job["Choices"] == [
+        {"Variable": "$.next.done", "BooleanEquals": True, "Next": "PackDone"},
+        {"Variable": "$.next.wait", "BooleanEquals": True, "Next": "WaitForJob"},  # another pack's may promote
+    ]
     assert states["PackDone"]["Type"] == "Succeed"
+    assert states["WaitForJob"] == {"Type": "Wait", "Seconds": 5, "Next": "NextJob"}
     assert states[job["Default"]] == {"Type": "Pass", "OutputPath": "$.next.input", "Next": "Validate"}
 
 

@@ -100,13 +100,13 @@ def test_one_pack_trains_every_job_asking_the_search_between_them_and_shares_its
     inputs = [doc]
     for trial, state in ((0, _state(1, 0.9)), (1, _state(1, 0.8)), (2, _state(1, 1.1))):
         outcomes[trial] = state
-        inputs.append(_step(bucket, "tune-a", lambda r: r.next(0)))
+        inputs.append(_step(bucket, "tune-a", lambda r: r.next(0))["input"])
     assert [d[names.JOB_ID_FIELD] for d in inputs] == [f"tune-a-t00{t}" for t in (0, 1, 2, 1)]
     assert len({d["hyper"]["lr"] for d in inputs[:3]}) == 3  # three sampled settings
     promotion = inputs[-1]  # the best of the first rung
     assert promotion[names.RESUME_FIELD] is True and promotion[names.PAUSE_FIELD] == 3 * unit
     outcomes[1] = _state(3, 0.7, "max_epochs")
-    assert _step(bucket, "tune-a", lambda r: r.next(0)) is None  # the search is over: the pack ends
+    assert _step(bucket, "tune-a", lambda r: r.next(0)) == {"done": True}  # the search is over: the pack ends
     _step(bucket, "tune-a", lambda r: r.tell([{"pack": 0, "ok": True}]))
     run = StackTune.load(bucket, "tune-a")
     assert run.summary() == {"trials_started": 3, "trials_finished": 1, "best_val": 0.7}
@@ -141,23 +141,36 @@ def test_one_pack_trains_every_job_asking_the_search_between_them_and_shares_its
     assert {o["Key"].rsplit("/", 1)[1] for o in best} == {"report.json", "trial.json"}  # what the trial has
 
 
-def test_fleets_start_a_pack_each_and_a_decision_made_on_a_stale_state_is_taken_again(bucket, outcomes):
+def test_fleets_start_a_pack_each_decide_one_after_another_and_wait_for_a_promotion(bucket, outcomes):
     search = {**SEARCH, "fleets": 2, "tune": {**SEARCH["tune"], "from_base": False}}
     packs = _step(bucket, "tune-f", lambda r: r.ask(ACCOUNT), search)
     assert [(p.pack, p.input[names.JOB_ID_FIELD]) for p in packs] == [(0, "tune-f-t000"), (1, "tune-f-t001")]
     # Two fleets decide at once: the second store is refused (If-Match), and its step runs again.
     outcomes.update({0: _state(1, 0.9), 1: _state(1, 0.8)})
     first, second = StackTune.load(bucket, "tune-f"), StackTune.load(bucket, "tune-f")
-    assert first.next(0)[names.JOB_ID_FIELD] == "tune-f-t002" and first.save()
+    assert first.next(0)["input"][names.JOB_ID_FIELD] == "tune-f-t002" and first.save()
     second.next(1)
     assert not second.save()  # stale: it would have given trial 2 again
     with pytest.raises(stack.TuneInputError, match="pack 0: job tune-f-t000 is not the job it runs"):
         StackTune.load(bucket, "tune-f").next(0, "tune-f-t000")  # told already: a repeated NextJob
-    again = _step(bucket, "tune-f", lambda r: r.next(1, "tune-f-t001"))
-    assert again is None  # nothing for it until trial 2's rung is in (synchronous halving): the pack ends
+    # Nothing for pack 1 until trial 2's rung is in (synchronous halving), which pack 0 trains:
+    # it waits and asks again (its job told once, however often it asks).
+    for _ in range(2):
+        assert _step(bucket, "tune-f", lambda r: r.next(1, "tune-f-t001")) == {"wait": True}
     run = StackTune.load(bucket, "tune-f")
-    assert [p["open"] for p in run.packs] == [True, False]
-    assert run.search.trials[1].scores and run.search.trials[0].scores  # both ends told, once each
+    assert run.search.trials[1].scores == {0: 0.8} and [len(p["jobs"]) for p in run.packs] == [1, 1]
+    outcomes[2] = _state(1, 1.1)
+    promotion = _step(bucket, "tune-f", lambda r: r.next(0, "tune-f-t002"))["input"]  # the rung is in
+    assert promotion[names.JOB_ID_FIELD] == "tune-f-t001" and promotion[names.RESUME_FIELD] is True
+    assert _step(bucket, "tune-f", lambda r: r.next(1, "tune-f-t001")) == {"wait": True}  # pack 0 trains
+    outcomes[1] = _state(3, 0.7, "max_epochs")
+    assert _step(bucket, "tune-f", lambda r: r.next(0, "tune-f-t001")) == {"done": True}
+    assert _step(bucket, "tune-f", lambda r: r.next(1, "tune-f-t001")) == {"done": True}  # nothing runs: over
+    run = StackTune.load(bucket, "tune-f")
+    assert [p["open"] for p in run.packs] == [False, False] and [len(p["jobs"]) for p in run.packs] == [3, 1]
+    assert run.packs[1]["polls"] == 3 and run.packs[1]["decisions"] == 1  # a wait is no decision of the fleet's
+    assert run.packs[1]["transitions"] == stack.PACK_JOB_STATES + 3 * 3  # its job's states, each wait's
+    assert run.summary() == {"trials_started": 3, "trials_finished": 1, "best_val": 0.7}
 
 
 def test_a_failed_pack_fails_its_job_with_its_error(bucket, outcomes):

@@ -7,8 +7,9 @@ It lives in ``ebb.tune`` (not ``ebb.aws.handlers``): the search sits above the A
 
 - ask ``{"tune_id", "search": the execution's input}`` -> ``{"done", "packs": [{"pack",
   "name", "input"}], "max_concurrency"}`` (a pack's execution each, its first job's input)
-- next ``{"tune_id", "pack", "job_id"}`` (a pack's job ended well) -> ``{"done", "input"}``
-  (the pack's next job, or none: the pack ends)
+- next ``{"tune_id", "pack", "job_id"}`` (a pack's job ended well, or a poll after a wait)
+  -> ``{"done", "wait", "input"}`` (the pack's next job; or wait and ask again: another
+  pack's job may end in a promotion; or done: the pack ends)
 - tell ``{"tune_id", "results": [{"pack", "ok", "error"?}]}`` (the packs' executions ended)
   -> the summary
 - conclude ``{"tune_id"}`` -> ``{"tune_key", "best_trial", "best_val"}``
@@ -43,15 +44,18 @@ def handler(event: dict, context) -> dict:
         return {"done": not packs, "packs": [asdict(p) for p in packs], "max_concurrency": max(1, len(packs))}
     if action == "next":
         pack = int(event["pack"])
-        run, (before, job) = StackTune.step(config, tune_id, lambda r: (r.summary(), r.next(pack, event.get("job_id"))))
+        run, (before, step) = StackTune.step(
+            config, tune_id, lambda r: (r.summary(), r.next(pack, event.get("job_id")))
+        )
         summary = run.summary()
         counts = {
             "TrialsStarted": summary["trials_started"] - before["trials_started"],
             "TrialsFinished": summary["trials_finished"] - before["trials_finished"],
         }
         _put(config, tune_id, counts, best=summary["best_val"])
-        logger.info("next", extra={"pack": pack, "ended": event.get("job_id"), "next": job and job["job_id"]})
-        return {"done": job is None, "input": job}
+        job = step.get("input")
+        logger.info("next", extra={"pack": pack, "ended": event.get("job_id"), "next": job and job["job_id"], **step})
+        return {"done": bool(step.get("done")), "wait": bool(step.get("wait")), "input": job}
     if action == "tell":
 
         def tell(run: StackTune) -> dict[str, object]:

@@ -61,6 +61,8 @@ PACK_JOB_EVENTS = 12
 # States each job of a pack passes beside its rounds' (priced as the pack's: the job's own meter
 # prices none): Validate, Prepare?, Paused or Finalize, InPack?, NextJob, Job?, NextInput.
 PACK_JOB_STATES = 7
+# Events a pack's wait for a job adds to its execution (Job?, WaitForJob, NextJob; names.PACK_POLL_S each).
+POLL_EVENTS = 8
 # A decision that lost the race for the state to another fleet's is taken again, at most so often.
 DECIDE_ATTEMPTS = 20
 
@@ -264,27 +266,37 @@ class StackTune:
             starts.append(PackStart(record["pack"], pack_name(self.tune_id, record["pack"]), self._start(record, job)))
         return starts
 
-    def next(self, pack: int, job_id: str | None = None) -> dict[str, Any] | None:
+    def next(self, pack: int, job_id: str | None = None) -> dict[str, Any]:
         """A pack's job (``job_id``) has ended well (its execution reached NextJob): tell the
-        search, and ask it for the pack's next job (its execution's input), or None: the pack
-        ends (the search has none for it now, or another job might overflow the execution's
-        history)."""
+        search, and ask it for the pack's next job. ``{"input": its execution input}``; or
+        ``{"wait": True}``: none now, but another pack's job is training and may end in one (a
+        promotion): the execution waits (a Wait state, no function billed) and asks again
+        with the same ``job_id`` (a poll: told already); or ``{"done": True}``: the pack ends
+        (the search is over for it, or another job might overflow the execution's history)."""
         started = time.monotonic()
         record = self.packs[pack]
         running = record["job"]
-        if running is None or (job_id is not None and running["job_id"] != job_id):
-            # (told already: a repeated NextJob must not fold the pack's next job in as ended)
+        polled = running is None and job_id is not None and record.get("told") == job_id
+        if not polled and (running is None or (job_id is not None and running["job_id"] != job_id)):
+            # (a repeated NextJob must not fold the pack's next job in as ended)
             raise TuneInputError(f"pack {pack}: job {job_id} is not the job it runs ({running and running['job_id']})")
-        self._job_ended(record, ok=True)
-        job = None
-        if record["events"] + self._job_events(self.tspec.rungs()[-1]) <= names.HISTORY_LIMIT:
-            job = self.search.next_job()
-        record["decisions"] += 1  # the fleet waited for it (the local pack's model of a decision)
-        record["decide_seconds"] = round(record["decide_seconds"] + time.monotonic() - started, 4)
+        if not polled:
+            self._job_ended(record, ok=True)
+            record["told"] = running["job_id"]
+        room = record["events"] + self._job_events(self.tspec.rungs()[-1]) + POLL_EVENTS <= names.HISTORY_LIMIT
+        job = self.search.next_job() if room else None
+        if not polled:  # a decision after a job, which the fleet waited for (the local pack's model)
+            record["decisions"] += 1
+            record["decide_seconds"] = round(record["decide_seconds"] + time.monotonic() - started, 4)
+        if job is None and room and any(p["open"] and p["job"] is not None for p in self.packs):
+            record["polls"] = record.get("polls", 0) + 1  # (its transitions priced with the pack's)
+            record["events"] += POLL_EVENTS
+            self._reprice(record)
+            return {"wait": True}
         if job is None:
             self._close_pack(record)
-            return None
-        return self._start(record, job)
+            return {"done": True}
+        return {"input": self._start(record, job)}
 
     def tell(self, results: list[dict[str, Any]]) -> None:
         """The packs' executions have ended (``{"pack", "ok", "error"?}`` each): a failed one's
@@ -378,7 +390,7 @@ class StackTune:
         """What the pack pays once, priced again: a wave of invocations per round its jobs ran
         (on a stack every round is one), and shared out by its trials' seconds."""
         record["waves"] = max(1, sum(j["rounds"] for j in record["jobs"]))
-        record["transitions"] = PACK_JOB_STATES * len(record["jobs"])
+        record["transitions"] = PACK_JOB_STATES * len(record["jobs"]) + 3 * record.get("polls", 0)
         _price(record, self._priced())
         reshare(record, self.search.trials)
 
