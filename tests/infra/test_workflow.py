@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from ebb.ports import deployment as names
+
 LAMBDA_ERRORS = [
     "Lambda.ServiceException",
     "Lambda.AWSLambdaException",
@@ -108,7 +110,7 @@ def test_the_job_flows_validate_prepare_rounds_finalize(default):
         {"Variable": "$.next.wait", "BooleanEquals": True, "Next": "WaitForJob"},  # another pack's may promote
     ]
     assert states["PackDone"]["Type"] == "Succeed"
-    assert states["WaitForJob"] == {"Type": "Wait", "Seconds": 5, "Next": "NextJob"}
+    assert states["WaitForJob"] == {"Type": "Wait", "Seconds": names.PACK_POLL_S, "Next": "NextJob"}
     assert states[job["Default"]] == {"Type": "Pass", "OutputPath": "$.next.input", "Next": "Validate"}
 
 

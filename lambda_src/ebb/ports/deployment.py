@@ -158,7 +158,7 @@ PAUSED = "Paused"  # the state that ends an execution at its pause_after_steps
 # the search (the tune function) for the pack's next job, which Validate then starts.
 IN_PACK_STATE, NEXT_JOB_STATE, PACK_DONE_STATE, PACK_WAIT_STATE = "InPack?", "NextJob", "PackDone", "WaitForJob"
 # A pack with no job now while another pack's trains waits this long before it asks again.
-PACK_POLL_S = 5
+PACK_POLL_S = 10
 EXECUTION = "Execution"  # OnFailure's failed_state for an execution stopped by hand or timed out
 # Inline Map runs at most about 40 iterations at once, whatever MaxConcurrency says: more
 # workers than this need the Distributed Map (a child execution per worker).
