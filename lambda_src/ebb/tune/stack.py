@@ -6,8 +6,9 @@
 
 until Ask has nothing to start, then Conclude. Inside a pack's execution, each job's end
 goes to NextJob (``next`` here): the job's outcome is told to the search and the search
-asked for the pack's next job, which the same execution validates and trains; none, and
-the pack's execution ends. The search (``Search``, the same as a local ``ebb tune``'s)
+asked for the pack's next job, which the same execution validates and trains; none yet
+while another pack trains (a promotion may come of it), and the execution waits and asks
+again; none at all, and it ends. The search (``Search``, the same as a local ``ebb tune``'s)
 lives at ``tunes/<id>/state.json`` between the steps; each step loads it, does its part and
 stores it again only over the version it read (S3's ``If-Match``): the fleets' decisions,
 made at the same time, are taken one after another (a step that lost the race runs again).
