@@ -8,6 +8,8 @@ For each dataset, side by side in one run:
   the best trial's model on the test split;
 * **random**: ``ebb tune --quick --scheduler none --sampler random``: as many trials, each
   trained to the last rung (early stopping still ends a trial that stops improving);
+* **--arm LABEL=FLAGS** (repeatable): another ``ebb tune --quick`` with FLAGS on top, e.g.
+  the fixed ladder ``"fixed 12/36=--ladder fixed --min-epochs 12 --max-epochs 36"``;
 * **torch** (``--with-torch``): bench/quality.py's PyTorch reference, grid-tuned on the
   same validation split (its quick grid).
 
@@ -100,6 +102,7 @@ def main(argv=None) -> None:
     p.add_argument("--with-torch", action="store_true", help="also the grid-tuned PyTorch reference")
     p.add_argument("--no-packs", action="store_true", help="searches without trial packs (a fleet per job)")
     p.add_argument("--tune-args", default="", help="more ebb tune flags for the tune --quick arm ('--sampler qmc')")
+    p.add_argument("--arm", action="append", default=[], metavar="LABEL=FLAGS", help="another tune --quick arm")
     p.add_argument("--label", default="quick")
     p.add_argument("--json")
     args = p.parse_args(argv)
@@ -116,6 +119,10 @@ def main(argv=None) -> None:
         quick = [*packs, *args.tune_args.split()]
         got["tune --quick"] = run_tune(data, args.workers, base / "tune", quick, args.parallel)
         print(f"   tune --quick: {got['tune --quick']}", flush=True)
+        for i, text in enumerate(args.arm):
+            label, _, flags = text.partition("=")
+            got[label] = run_tune(data, args.workers, base / f"arm{i}", [*packs, *flags.split()], args.parallel)
+            print(f"   {label}: {got[label]}", flush=True)
         got["random"] = run_tune(data, args.workers, base / "random", random, args.parallel)
         print(f"   random: {got['random']}", flush=True)
         if args.with_torch:
@@ -136,6 +143,8 @@ def main(argv=None) -> None:
                     "metric": data["metric"],
                     **r,
                     "usd_vs_default": round(r["usd"] / d_usd, 2) if r.get("usd") else None,
+                    # a search's $ against random search's (same trials, each to early stopping)
+                    "usd_vs_random": round(r["usd"] / got["random"]["usd"], 2) if r.get("trials", 0) > 1 else None,
                 }
             )
     print()
@@ -149,6 +158,7 @@ def main(argv=None) -> None:
             ("best_val", "best val"),
             ("usd", "$"),
             ("usd_vs_default", "$ / default"),
+            ("usd_vs_random", "$ / random"),
             ("fleet_wall_s", "fleet wall s"),
             ("serial_s", "serial s"),
             ("trials", "trials"),

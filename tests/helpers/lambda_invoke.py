@@ -4,11 +4,14 @@
 
 Prints the handler's JSON result on the last line of stdout, or exits 1 after printing
 the error payload Lambda would return (``errorType``, ``errorMessage``, ``stackTrace``).
+``run_forked`` does the same in a process forked from tests.helpers.lambdas' fork server.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import sys
 import time
 import traceback
@@ -48,6 +51,23 @@ def main() -> int:
         return 1
     print("\nLAMBDA-RESULT " + json.dumps(result), flush=True)
     return 0
+
+
+def run_forked(module_name: str, timeout_s: float, event: str, env: dict[str, str], log_path: str) -> None:
+    """``main`` in a process just forked from the fork server: the function's environment in
+    place of the server's, the event on stdin, stdout and stderr into ``log_path``."""
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = [__file__, module_name, str(timeout_s)]
+    sys.stdin = io.StringIO(event)
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # as the runtime's process ends: no interpreter shutdown, no atexit
 
 
 if __name__ == "__main__":

@@ -367,4 +367,46 @@ def test_quick_is_centred_on_the_base_job_which_is_its_first_trial(model, small_
     lr, l2 = search.distributions["hyper.lr"], search.distributions["hyper.l2"]
     assert (lr.low, lr.high) == pytest.approx((0.25 * hyper.lr, 1.5 * hyper.lr))
     assert l2.high == pytest.approx((1.25 if model == "pmf" else 1.0) * hyper.l2)
-    assert spec.rungs() == [12, 36]
+    # The rungs wait for the base trial's own run (ladder "base"), to early stopping at most 100 epochs.
+    assert (spec.ladder, spec.base_share, spec.max_epochs) == ("base", 0.4, 100) and search.rungs == [100]
+
+
+class EarlyStopping(FakeTrials):
+    """Every trial's training ends by itself (early stopping) after ``STOP`` epochs."""
+
+    STOP = 10
+
+    def run(self, search, job):
+        t = search.trials[job.trial]
+        capped = Job(job.trial, job.rung, job.from_epochs, min(job.to_epochs, self.STOP), job.budget_usd)
+        out = super().run(search, capped)
+        if capped.to_epochs < job.to_epochs:
+            out.status = "early_stopped"
+        assert t.epochs == job.from_epochs
+        return out
+
+
+def test_a_ladder_sized_from_the_base_trials_own_run():
+    """ladder "base": the base trial trains first, alone, to its end (10 epochs here); the
+    rungs are then base_share of that and the backstop; the base trial stands at the top
+    (its score at the first rung read off its curve) and holds one of the 1/eta places, so
+    only eta-1 of every eta others that reach the first rung stop there."""
+    spec = _spec(trials=9, ladder="base", base_share=0.4, min_epochs=1, max_epochs=100)
+    start = {"hyper.lr": 0.02, "hyper.rank": 20}
+    search, trials = Search(spec, start=start), EarlyStopping()
+    first = search.next_job()
+    assert first is not None and (first.trial, first.to_epochs) == (0, 100) and search.next_job() is None
+    search.job_done(first, trials.run(search, first))
+    base = search.trials[0]
+    assert search.rungs == [4, 100] and base.done and base.rung == search.top
+    assert base.scores == {0: pytest.approx(planted(start, 4)), 1: pytest.approx(planted(start, 10))}
+    drive(search, trials)
+    assert len(search.trials) == 9 and search.best().params["hyper.rank"] == 20
+    went_on = [t for t in search.trials[1:] if 1 in t.scores]
+    assert 1 <= len(went_on) <= 9 // 3 - 1  # the base trial held the third place
+    assert sum(trials.trained.values()) == 10 + 8 * 4 + sum(10 - 4 for _ in went_on)
+    # The sized ladder is part of the state: a resumed search keeps it.
+    again = Search(spec, search.state_dict())
+    assert again.rungs == [4, 100] and again.ladder == "sized"
+    # Without a base trial (from_base off) the ladder is the fixed one.
+    assert Search(spec.model_copy(update={"from_base": False}), start=start).rungs == spec.rungs()

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from scipy.optimize import least_squares, nnls
 
 # Denominators are clipped here: with θ2 = 0 the models are singular at t = 0.
 _MIN_DENOMINATOR = 1e-12
@@ -39,6 +38,14 @@ _MAX_EVALUATIONS = 100
 _ASYMPTOTE_FRACTIONS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.995)
 # Candidate exponents θ1 of the reference curve (SGD: between 1/2 and 1, give it room).
 _EXPONENTS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
+
+
+def _scipy_optimize():
+    # Imported at the first fit, not with the module: scipy.optimize costs about a second
+    # at import, on every supervisor's cold start, and most jobs never fit a curve.
+    import scipy.optimize
+
+    return scipy.optimize
 
 
 def _reference_den(theta, t: np.ndarray) -> np.ndarray:
@@ -148,7 +155,7 @@ def _fit(
     best_theta, best_cost = None, np.inf
     for start in starts:
         try:
-            result = least_squares(
+            result = _scipy_optimize().least_squares(
                 residuals,
                 np.clip(start, 0.0, None),
                 jac=jacobian,
@@ -189,7 +196,7 @@ def _nnls_starts(
         gap = y - asymptote
         weights = gap * gap
         for basis, assemble in bases:
-            coef, _ = nnls(basis * weights[:, None], weights / gap)
+            coef, _ = _scipy_optimize().nnls(basis * weights[:, None], weights / gap)
             theta = assemble(coef, asymptote)
             den = np.maximum(denominator(theta, t), _MIN_DENOMINATOR)
             sse = float(np.sum((1.0 / den + asymptote - y) ** 2))

@@ -34,7 +34,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-from scipy.signal import lfilter
 
 from ebb.spec import ScalingSpec
 
@@ -217,6 +216,9 @@ def _causal_median(values: np.ndarray) -> np.ndarray:
 
 def _ewma(values: np.ndarray, alpha: float) -> np.ndarray:
     """Bias-corrected EWMA (vectorised twin of ``_Ewma``)."""
+    # Imported here: scipy.signal costs about a second at import, on every supervisor's cold start.
+    from scipy.signal import lfilter
+
     raw = lfilter([alpha], [1.0, -(1.0 - alpha)], values)
     return raw / (1.0 - (1.0 - alpha) ** np.arange(1, values.size + 1))
 

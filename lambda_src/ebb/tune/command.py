@@ -21,6 +21,8 @@ TUNE_FLAGS = (
     Flag("max_epochs", metavar="E"),
     Flag("sampler"),
     Flag("scheduler"),
+    Flag("ladder"),
+    Flag("base_share", metavar="SHARE"),
     Flag("parallel", metavar="CPUS"),
     Flag("seed", "--tune-seed"),
 )
@@ -137,7 +139,7 @@ def cmd_tune(args) -> int:
             run = LocalTune(out, tspec, base, say, packs=args.packs, fleets=args.fleets)
             run.start()
         say(
-            f"tuning {len(run.tspec.space)} fields over {run.tspec.trials} trials, rungs at {run.tspec.rungs()} epochs"
+            f"tuning {len(run.tspec.space)} fields over {run.tspec.trials} trials, {run.tspec.rungs_text()}"
             + (f", budget ${run.tspec.budget_usd:g}" if run.tspec.budget_usd else "")
             + f"; trials in {run.out / 'trials'}"
         )
@@ -187,8 +189,8 @@ def _tune_on_stack(args) -> int:
         dep = Deployment.from_stack(args.stack)
         started = submit_tune(dep, spec, tspec, progress=lambda line: print(line, file=sys.stderr), fleets=args.fleets)
         print(
-            f"started tune {started['name']}: {len(tspec.space)} fields over {tspec.trials} trials, rungs at "
-            f"{tspec.rungs()} epochs\n  {started['executionArn']}\n  {started['console']}",
+            f"started tune {started['name']}: {len(tspec.space)} fields over {tspec.trials} trials, "
+            f"{tspec.rungs_text()}\n  {started['executionArn']}\n  {started['console']}",
             flush=True,
         )
         if not args.watch:

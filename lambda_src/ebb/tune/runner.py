@@ -672,15 +672,17 @@ def _num_parts(spec: JobSpec) -> int:
 
 def _fleet_wall(search: Search) -> float:
     """The search's time on a fleet running every job of a rung at once, on the trials' own
-    clock: the longest job of each rung, summed (how the AWS design would run it, docs/AWS.md)."""
-    longest: dict[int, float] = {}
+    clock: the longest job of each rung, summed (how the AWS design would run it, docs/AWS.md).
+    A ladder sized from the base trial runs the base trial's job alone first (its own pass)."""
+    longest: dict[tuple[int, int], float] = {}
     done: dict[int, float] = {}
     for launch in search.launches:
         t = search.trials[launch["trial"]]
         share = (launch["to_epochs"] - launch["from_epochs"]) / t.epochs if t.epochs else 0.0
         secs = min(t.wall_seconds * share, t.wall_seconds - done.get(t.id, 0.0))
         done[t.id] = done.get(t.id, 0.0) + secs
-        longest[launch["rung"]] = max(longest.get(launch["rung"], 0.0), secs)
+        step = (launch["rung"], launch["to_epochs"])
+        longest[step] = max(longest.get(step, 0.0), secs)
     return sum(longest.values())
 
 

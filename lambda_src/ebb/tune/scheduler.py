@@ -10,6 +10,13 @@ its last finished job left it.
 Epochs are counted at one worker's pace (as ``hyper.lr_decay`` and the scorings are), so
 rungs mean the same at any fleet size. A trial's score at a rung is the best validation
 scoring it has made so far: the model the job would write.
+
+The ladder is fixed (``min_epochs`` × eta^k up to ``max_epochs``) or, with ``ladder: base``
+(``--quick``'s), sized from the base trial's own run: the base trial (trial 0, the job's
+own settings) trains first, alone, to its early stopping, as ``ebb train`` would; its
+epochs set the rungs (``TuneSpec.base_rungs``), so each model and dataset is judged at its
+own scale (a sparse LR run that stops at 8 epochs, a PMF run that stops at 33). The base
+trial then stands at the top, holding one of the best 1/eta places of every rung.
 """
 
 from __future__ import annotations
@@ -67,7 +74,8 @@ class Outcome:
 
 
 class Search:
-    """ASHA over ``spec.rungs()`` with Optuna sampling new trials and a total $ budget."""
+    """ASHA over ``spec.rungs()`` (or a ladder sized from the base trial) with Optuna sampling
+    new trials and a total $ budget."""
 
     def __init__(self, spec: TuneSpec, state: dict[str, Any] | None = None, start: dict[str, Any] | None = None):
         import optuna
@@ -81,6 +89,12 @@ class Search:
         self.base = dict((state or {}).get("base") or (state or {}).get("first") or start or {})
         self.distributions = spec.distributions(self.base)
         self.first = inside(self.distributions, self.base) if spec.from_base else {}
+        # ladder "base" (with a base trial, under ASHA): "waiting" while the base trial trains,
+        # alone, to its end (one rung: its job's); then "sized" from its run (``_size``).
+        by_base = spec.ladder == "base" and bool(self.first) and spec.scheduler == "asha"
+        self.ladder = "waiting" if by_base else "fixed"
+        if by_base:
+            self.rungs = [spec.max_epochs]
         self.study = optuna.create_study(direction="minimize")
         self._asked: dict[int, Any] = {}  # trial id -> its live Optuna trial (sampled in this process)
         self._running: dict[int, Job] = {}
@@ -156,18 +170,34 @@ class Search:
     def top(self) -> int:
         return len(self.rungs) - 1
 
+    def _size(self, base: Trial, best: float) -> None:
+        """The ladder from the base trial's own run (``TuneSpec.base_rungs``), and the base trial's
+        score at each rung: its validation by then (from its curve: what another trial is
+        compared with there), at the top its best. It is done: it stands at the top."""
+        self.rungs, self.ladder = self.spec.base_rungs(base.epochs), "sized"
+        for k, r in enumerate(self.rungs[:-1]):
+            seen = [v for e, v in base.curve if e <= r + 1e-9]
+            base.scores[k] = min(seen) if seen else best
+        base.scores[self.top] = best
+        base.rung, base.done = self.top, True
+
     def _promotable(self, closing: bool) -> tuple[Trial, int] | None:
         """ASHA: from the highest rung down, a trial in the best 1/eta of those that reached the
         rung, not yet promoted. ``closing`` (no new trials to come, none running): at least the
         best one of each rung goes on, so the last rung is always reached. The base trial
         (``from_base``) always goes on: it is what the search must beat, and a first rung too
-        short to judge it (the defaults are tuned for a whole run) must not drop it."""
+        short to judge it (the defaults are tuned for a whole run) must not drop it. On a ladder
+        sized from it, it has trained to its end first and holds one of the best 1/eta places
+        of every rung (only eta-1 of eta go on past a rung, as in any successive halving)."""
         for k in range(self.top - 1, -1, -1):
             reached = sorted((t for t in self.trials if k in t.scores), key=lambda t: (t.scores[k], t.id))
             keep = len(reached) // self.spec.eta
             if closing:
                 keep = max(1, keep)
             going = reached[:keep] + [t for t in reached[keep:] if self._is_base(t)]
+            if self.ladder == "sized" and self.trials[0] in reached:
+                others = [t for t in reached if t.id != 0]
+                going = others[: max(1 if closing else 0, keep - 1)]
             for t in going:
                 if t.rung == k and not t.running and not t.done:
                     return t, k + 1
@@ -181,6 +211,8 @@ class Search:
         ``finished()`` says which)."""
         running = any(t.running for t in self.trials)
         more = len(self.trials) < self.spec.trials
+        if self.ladder == "waiting" and self.trials:
+            return None  # the base trial is training: the rungs are not known yet (its job: rung 0, the top)
         found = self._promotable(closing=not more and not running)
         # A promotion first; when it does not fit the budget, a new trial's first rung may.
         options = ([found] if found is not None else []) + ([(None, 0)] if more else [])
@@ -216,6 +248,15 @@ class Search:
         t.status, t.error = outcome.status, outcome.error
         t.curve = [list(p) for p in outcome.curve]
         first = 0 not in t.scores
+        if self.ladder == "waiting" and job.trial == 0:
+            if outcome.status == "failed" or outcome.best_val is None:
+                t.done = True
+                self.rungs, self.ladder = self.spec.rungs(), "fixed"  # nothing to size from: the fixed ladder
+                self._tell(t, None)
+                return
+            self._size(t, outcome.best_val)
+            self._tell(t, t.scores[0])
+            return
         if outcome.status == "failed" or outcome.best_val is None:
             t.done = True
             if first:
@@ -289,6 +330,8 @@ class Search:
             "launches": self.launches,
             "base": self.base,
             "first": self.first,
+            "rungs": self.rungs,
+            "ladder": self.ladder,
             # The QMC sampler's place in its sequence (a resumed search draws new points, not the same again).
             "sampler_attrs": self.study._storage.get_study_system_attrs(self.study._study_id),
         }
@@ -300,6 +343,8 @@ class Search:
             if 0 in t.scores and math.isfinite(t.scores[0]):
                 self._tell(t, t.scores[0])
         self.launches = list(state.get("launches", []))
+        if "ladder" in state:  # (a ladder sized from the base trial, or waiting for it)
+            self.rungs, self.ladder = list(state["rungs"]), state["ladder"]
         if "first" in state:  # as sampled then (a search saved before "base" was kept)
             self.first = dict(state["first"])
         for key, value in state.get("sampler_attrs", {}).items():

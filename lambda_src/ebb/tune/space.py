@@ -149,6 +149,14 @@ class TuneSpec(BaseModel):
     sampler: Literal["tpe", "qmc", "random"] = Field(
         "tpe", description="tpe: QMC for the first eta trials, then TPE | qmc | random (Optuna's samplers)"
     )
+    ladder: Literal["fixed", "base"] = Field(
+        "fixed",
+        description="fixed: rungs at min_epochs x eta^k | base: the base trial (from_base) trains first, "
+        "alone, to its own end; the first rung is base_share of its epochs (TuneSpec.base_rungs)",
+    )
+    base_share: float = Field(
+        0.4, gt=0, lt=1, description='ladder "base": the first rung as a share of the base trial\'s epochs'
+    )
     scheduler: Literal["asha", "none"] = Field(
         "asha", description="asha (successive halving, asynchronous) | none: every trial trains max_epochs"
     )
@@ -192,6 +200,29 @@ class TuneSpec(BaseModel):
             r *= self.eta
         return out + [self.max_epochs]
 
+    def rungs_text(self) -> str:
+        """The ladder in a few words (``ebb tune``'s first line)."""
+        if self.ladder == "base" and self.scheduler == "asha" and self.from_base:
+            return (
+                f"rungs from the base trial's run (it trains first, to its end; the first rung at "
+                f"{self.base_share:g} of its epochs, then early stopping, at most {self.max_epochs})"
+            )
+        return f"rungs at {self.rungs()} epochs"
+
+    def base_rungs(self, base_epochs: float) -> list[int]:
+        """ladder "base": the rungs once the base trial has trained ``base_epochs`` epochs, to its
+        own end (early stopping, as a default run ends): the first rung at ``base_share`` of
+        them (at least min_epochs), then × eta while below the base trial's epochs, then
+        max_epochs, the backstop: a promoted trial trains on until early stopping ends it, as
+        the base trial did. The scale is the data's and the model's own (a sparse LR run that
+        stops at 8 epochs is judged at 3, a PMF run that stops at 33 at 13), where a fixed
+        ladder judged both at the same epochs."""
+        out, r = [], max(self.min_epochs, round(base_epochs * self.base_share))
+        while r < self.max_epochs and (not out or r < base_epochs):
+            out.append(r)
+            r *= self.eta
+        return out + [self.max_epochs]
+
     def distributions(self, base: dict[str, Any] | None = None) -> dict[str, BaseDistribution]:
         """Each field's distribution; ``base`` (field -> the base job's value) resolves relative bounds."""
         out = {}
@@ -206,20 +237,25 @@ class TuneSpec(BaseModel):
 # --quick: the built-in space per model (bench/tune.py measures it on every preset).
 # Centred on the base job (relative bounds): PMF's l2 around the value the data's shape
 # gives (the best l2 on the presets lay at 0.6-1.2x it), lr around the optimiser's
-# default; sparse LR's lr_decay and a smaller l2, where its best settings lay. The first
-# rung is 12 epochs: validation at 1-6 epochs ranks trials poorly against their best
-# (Spearman 0.2-0.76 for PMF, -0.24-0.64 for sparse LR, on 16-24 random settings per
-# preset: fast starters end worse, and at 4 epochs ASHA dropped every SGD trial on
-# ml-100k, where SGD ends best); at 12 it is 0.84-0.93. The last rung (36) leaves early
-# stopping to end a trial, as it ends a default run. QMC for all nine trials: TPE, told
-# the base trial first, drew most of the rest near its optimizer and rank; QMC spreads
-# them, and its best validation was as good or better on 4 of the 5 presets.
+# default; sparse LR's lr_decay and a smaller l2, where its best settings lay. QMC for all
+# nine trials: TPE, told the base trial first, drew most of the rest near its optimizer and
+# rank; QMC spreads them, and its best validation was as good or better on 4 of 5 presets.
+# The rungs are sized from the base trial's own run (ladder "base"): it trains first, to
+# its early stopping (what `ebb train` would cost); the others are compared at 0.4 of its
+# epochs, and the best 1/eta (the base trial holding one place) train on to their own early
+# stopping (max_epochs 100 is the backstop, as `ebb train`'s). A fixed ladder (12, 36) cost
+# 2.9-4.0x one run: on sparse LR (a run stops at 8 epochs) it pruned nothing, on PMF its
+# 12-epoch rung was most of a run; replayed over every trial's full curve on the 5 presets,
+# shares of 0.2-0.6 traded the ranking (validation at 1-4 epochs ranks poorly, at 12 well)
+# against the cost, and 0.4 kept the pick on 4 of 5 within 3x (docs/RESULTS-TOOLS.md, 10).
 QUICK: dict[str, dict[str, Any]] = {
     "pmf": {
         "trials": 9,
         "eta": 3,
-        "min_epochs": 12,
-        "max_epochs": 36,
+        "ladder": "base",
+        "base_share": 0.4,
+        "min_epochs": 1,
+        "max_epochs": 100,
         "sampler": "qmc",
         "space": {
             "hyper.lr": {"log_uniform": [0.25, 1.5], "relative": True},
@@ -232,8 +268,10 @@ QUICK: dict[str, dict[str, Any]] = {
     "sparse_lr": {
         "trials": 9,
         "eta": 3,
-        "min_epochs": 12,
-        "max_epochs": 36,
+        "ladder": "base",
+        "base_share": 0.4,
+        "min_epochs": 1,
+        "max_epochs": 100,
         "sampler": "qmc",
         "space": {
             "hyper.lr": {"log_uniform": [0.25, 1.5], "relative": True},
