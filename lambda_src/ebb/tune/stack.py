@@ -284,7 +284,8 @@ class StackTune:
         if not polled:
             self._job_ended(record, ok=True)
             record["told"] = running["job_id"]
-        room = record["events"] + self._job_events(self.tspec.rungs()[-1]) + POLL_EVENTS <= names.HISTORY_LIMIT
+        longest = max(self.search.rungs[-1], self.tspec.max_epochs)  # (a ladder sized from the base trial too)
+        room = record["events"] + self._job_events(longest) + POLL_EVENTS <= names.HISTORY_LIMIT
         job = self.search.next_job() if room else None
         if not polled:  # a decision after a job, which the fleet waited for (the local pack's model)
             record["decisions"] += 1
