@@ -171,7 +171,8 @@ class Compute(Construct):
             },
             "onFailure": {**common_env, **events},
             "predict": {**common_env, **workers},
-            "tune": dict(common_env),
+            # the deployment: a trial pack's fixed cost priced at the deployed functions (as Validate prices a job)
+            "tune": {**common_env, names.DEPLOYMENT_ENV: json.dumps(dict(deployment), separators=(",", ":"))},
         }
 
         stack_name = Stack.of(self).stack_name
@@ -299,6 +300,8 @@ _WHY_WRITES = {
     f"{names.JOBS}*/{names.PROGRESS_KEY}": "the supervisor writes the job's progress for `ebb watch`, nothing else",
     f"{names.PREDICTIONS}*": "the predict function writes a predict run's shards and manifest only here",
     f"{names.TUNES}*": "the tune function writes a search's state, leaderboard and best trial only here",
+    f"{names.JOBS}*/{names.REPORT_KEY}": "the tune function adds a trial's share of its packs' cost to its report, "
+    "and writes nothing else under jobs/",
 }
 
 

@@ -1,17 +1,20 @@
 """Tune: the state machine `ebb tune --stack` runs (docs/AWS.md "Tuning on AWS").
 
-    Ask -> Done? -- no --> Trials = Map over $.ask.jobs: Trial (a nested execution of the
+    Ask -> Done? -- no --> Packs = Map over $.ask.packs: Pack (a nested execution of the
      ^                       training state machine, startExecution.sync:2) -> Tell -+
      +----------------------------------------------------------------------------------+
             -- yes --> Conclude -> Succeed
-    Ask, Tell or Conclude fails -> TuneFailed; a trial's execution that fails is recorded
-    (its Catch) and told to the search as a failed trial.
+    Ask, Tell or Conclude fails -> TuneFailed; a pack's execution that fails is recorded
+    (its Catch) and told to the search: its job is a failed trial.
 
 Every step but the Map is the tune function (`ebb.tune.handler`, an `action` each). Ask
-answers with the executions to start (new trials to their first rung, promotions to the
-next) and how many may run at once (MaxConcurrencyPath): the account's unreserved Lambda
-concurrency over each trial's workers and supervisor. Tell folds each finished execution
-into the search; Conclude writes the leaderboard and the best trial under tunes/<id>/.
+answers with a trial pack per fleet (at most `--fleets`, and what the account's unreserved
+Lambda concurrency holds of fleets of P workers and a supervisor): each is one execution of
+the training machine that starts with the job Ask gives it and then, in its NextJob state
+(the tune function's `next`), tells the search each job's end and asks for the pack's next
+job, until the search has none for it. Tell records the packs' ends; Conclude writes the
+leaderboard and the best trial under tunes/<id>/, each trial's share of its packs added to
+its report.
 
 The machine has a role of its own: it may invoke the tune function, start executions of
 the training state machine (and describe and stop them, and manage the EventBridge rule
@@ -57,7 +60,7 @@ class TuneWorkflow(Construct):
         ask = invoke(
             names.ASK_STATE,
             {"action": "ask", **_TUNE_ID, "search.$": "$.search"},
-            result_selector={f"{k}.$": f"$.Payload.{k}" for k in ("done", "jobs", "max_concurrency")},
+            result_selector={f"{k}.$": f"$.Payload.{k}" for k in ("done", "packs", "max_concurrency")},
             result_path="$.ask",
         )
         trial = tasks.StepFunctionsStartExecution(
@@ -69,16 +72,16 @@ class TuneWorkflow(Construct):
             name=sfn.JsonPath.string_at("$.name"),
             result_path=sfn.JsonPath.DISCARD,
         )
-        ended = {"trial.$": "$.trial", "rung.$": "$.rung"}
-        trained = sfn.Pass(self, "Trained", parameters={**ended, "ok": True})
-        # A trial whose execution failed is the search's to record, not the tune's end.
-        failed = sfn.Pass(self, "TrialFailed", parameters={**ended, "ok": False, "error.$": "$.error"})
+        ended = {"pack.$": "$.pack"}
+        trained = sfn.Pass(self, "PackEnded", parameters={**ended, "ok": True})
+        # A pack whose execution failed is the search's to record (its job failed), not the tune's end.
+        failed = sfn.Pass(self, "PackFailed", parameters={**ended, "ok": False, "error.$": "$.error"})
         trial.add_catch(failed, errors=["States.ALL"], result_path="$.error")
         trial.next(trained)
         self.map_state = sfn.Map(
             self,
             names.TRIALS_STATE,
-            items_path="$.ask.jobs",
+            items_path="$.ask.packs",
             max_concurrency_path="$.ask.max_concurrency",
             result_path="$.results",
         )
@@ -114,7 +117,7 @@ class TuneWorkflow(Construct):
             log_suffix="tune",
             log_retention=log_retention,
             removal_policy=removal_policy,
-            comment="Ebb: search hyper-parameters, each trial's rungs nested executions of the training machine",
+            comment="Ebb: search hyper-parameters in trial packs, each a nested execution of the training machine",
         )
         # CDK's grant for startExecution.sync: describe and stop the training machine's executions
         # (whose ARNs exist only at run time), spelt by cdk-nag with the machine's name.

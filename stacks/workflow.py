@@ -4,6 +4,10 @@
                               ^                               |
                               +--- status == "unfinished" ----+--> Finalize -> Succeed
                                    (steps >= pause_after_steps > 0: Paused, no Finalize)
+    Paused or Finalize -> InPack? -- a trial pack's job --> NextJob (the tune function: the
+        search's next job for this pack) -> Job? -- one --> NextInput -> Validate (the next job)
+                                                -- none --> PackDone
+                                                -- not yet --> WaitForJob -> NextJob
     any Catch -> <State>Failed (records failed_state) -> OnFailure -> Fail (OnFailure's own Catch: Fail)
     execution stopped or timed out -> (EventBridge rule) -> OnFailure
 
@@ -48,7 +52,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from ebb.ports import deployment as names
-from ebb.ports.deployment import INLINE_MAP_LIMIT
+from ebb.ports.deployment import INLINE_MAP_LIMIT, PACK_POLL_S
 
 # Retried with backoff: Lambda's own failures and throttles, never a handler's error.
 LAMBDA_SERVICE_ERRORS = [
@@ -57,9 +61,9 @@ LAMBDA_SERVICE_ERRORS = [
     "Lambda.SdkClientException",
     "Lambda.TooManyRequestsException",
 ]
-_JOB = {"job_id.$": "$.job_id", "spec_key.$": "$.spec_key"}
+_JOB = {"job_id.$": "$.job_id", "spec_key.$": "$.spec_key", "packed.$": "$.packed"}
 _SUPERVISOR_RESULT = ("status", "round", "workers", "steps", "stop_reason")
-_PAUSE = {f"{names.PAUSE_FIELD}.$": f"$.{names.PAUSE_FIELD}"}
+_PAUSE = {f"{names.PAUSE_FIELD}.$": f"$.{names.PAUSE_FIELD}", f"{names.PACK_FIELD}.$": f"$.{names.PACK_FIELD}"}
 
 
 class Workflow(Construct):
@@ -156,15 +160,21 @@ class Workflow(Construct):
             result_path="$.report",
         )
         finalize.add_catch(failed(names.FINALIZE), errors=["States.ALL"], result_path="$.error")
-        finalize.next(sfn.Succeed(self, "Done"))
+        in_pack = self._pack_loop(functions["tune"], validate, fail)
+        finalize.next(in_pack)
 
         unfinished = sfn.Condition.string_equals("$.status", "unfinished")
         pause = f"$.{names.PAUSE_FIELD}"
         paused = sfn.Pass(
             self,
             names.PAUSED,
-            parameters={**_JOB, "status": "paused", **{f"{k}.$": f"$.{k}" for k in ("round", "workers", "steps")}},
-        )
+            parameters={
+                **_JOB,
+                **_PAUSE,
+                "status": "paused",
+                **{f"{k}.$": f"$.{k}" for k in ("round", "workers", "steps")},
+            },
+        ).next(in_pack)
         next_round = (
             sfn.Choice(self, "Unfinished?")
             .when(
@@ -236,6 +246,39 @@ class Workflow(Construct):
                 reason="X-Ray's PutTraceSegments/PutTelemetryRecords and CloudWatch Logs' vended log delivery actions "
                 "(CreateLogDelivery, PutResourcePolicy, ...) accept no resource scope.",
             )
+        )
+
+    def _pack_loop(self, tune: lambda_.IFunction, validate: sfn.IChainable, fail: sfn.Fail) -> sfn.Choice:
+        """After a job's Paused or Finalize: a trial pack's job (``packed``) asks the search for
+        the pack's next job (the tune function's ``next``: the ended job told, the next asked
+        for this pack) and starts it at Validate, in this execution; no job (or not a pack's):
+        the execution ends. A failed NextJob fails the execution (the Tune machine records
+        the pack failed) without OnFailure: the job before it ended well."""
+        next_job = self._invoke(
+            names.NEXT_JOB_STATE,
+            tune,
+            sfn.TaskInput.from_object(
+                {"action": "next", "tune_id.$": "$.pack.tune_id", "pack.$": "$.pack.pack", "job_id.$": "$.job_id"}
+            ),
+            result_selector={"done.$": "$.Payload.done", "wait.$": "$.Payload.wait", "input.$": "$.Payload.input"},
+            result_path="$.next",
+        )
+        next_job.add_catch(fail, errors=["States.ALL"], result_path="$.error")
+        start_next = sfn.Pass(self, "NextInput", output_path="$.next.input")
+        # No job now, but another pack's may end in a promotion: wait (no function runs) and ask again.
+        wait = sfn.Wait(self, names.PACK_WAIT_STATE, time=sfn.WaitTime.duration(Duration.seconds(PACK_POLL_S)))
+        wait.next(next_job)
+        next_job.next(
+            sfn.Choice(self, "Job?")
+            .when(sfn.Condition.boolean_equals("$.next.done", True), sfn.Succeed(self, names.PACK_DONE_STATE))
+            .when(sfn.Condition.boolean_equals("$.next.wait", True), wait)
+            .otherwise(start_next)
+        )
+        start_next.next(validate)
+        return (
+            sfn.Choice(self, names.IN_PACK_STATE)
+            .when(sfn.Condition.boolean_equals("$.packed", True), next_job)
+            .otherwise(sfn.Succeed(self, "Done"))
         )
 
     def _on_stopped(self, on_failure: lambda_.IFunction) -> events.Rule:

@@ -45,10 +45,13 @@ EXECUTION_DEADLINE_S = 240  # a hung execution fails the test with its history, 
 START_DEADLINE_S = 180  # a job that never starts training fails here (generous: CI runs the layers side by side)
 # After an execution fails, every invocation of its job has returned within this (docs/AWS.md "Abort").
 ORPHAN_DEADLINE_S = 20
-# (pause_after_steps: Validate's, carried from round to round; 0, the job never pauses)
+# (pause_after_steps: Validate's, carried from round to round; 0, the job never pauses;
+# packed and pack: a trial pack's, false and null for a job of its own)
 FINISHED_OUTPUT = {
     "job_id",
     "spec_key",
+    "packed",
+    "pack",
     "status",
     "round",
     "workers",
@@ -237,14 +240,18 @@ def test_two_worker_jobs_run_two_rounds_to_succeeded_with_and_without_out(aws, r
         assert (report["spec"]["aws"]["memory_mb"], report["spec"]["aws"]["supervisor_memory_mb"]) == (1769, 1024)
     assert json.loads(_stored(aws, f"jobs/{plain}/report.json"))["steps"] == STEPS
     entered = _entered(runs[prepared]["history"])
-    assert entered[:3] == ["Validate", "Prepare?", "Prepare"] and entered[-2:] == ["Finalize", "Done"]
+    assert entered[:3] == ["Validate", "Prepare?", "Prepare"] and entered[-3:] == [
+        "Finalize",
+        names.IN_PACK_STATE,
+        "Done",
+    ]
     manifest = json.loads(_stored(aws, "datasets/from-raw/manifest.json"))
     assert manifest["source"]["input"] == f"s3://{aws.bucket}/raw/ratings.csv"
 
     # The rounds ran as the definition says: Round twice, each a supervisor and both workers
     # of that round, started together (the Map and Parallel branches run at once).
     entered = _entered(runs[plain]["history"])
-    assert entered.count("Round") == 2 and entered[-2:] == ["Finalize", "Done"]
+    assert entered.count("Round") == 2 and entered[-3:] == ["Finalize", names.IN_PACK_STATE, "Done"]
     supervisors = _of_job(aws.runtime.of("supervisor"), plain)
     workers = _of_job(aws.runtime.of("worker"), plain)
     assert [c.event["round"] for c in supervisors] == [0, 1]

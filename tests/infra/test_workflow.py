@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from ebb.ports import deployment as names
+
 LAMBDA_ERRORS = [
     "Lambda.ServiceException",
     "Lambda.AWSLambdaException",
@@ -46,12 +48,15 @@ def test_the_job_flows_validate_prepare_rounds_finalize(default):
     assert supervisor["Parameters"]["Payload"] == {
         "job_id.$": "$.job_id",
         "spec_key.$": "$.spec_key",
+        "packed.$": "$.packed",  # a trial pack's job: metered as the pack's
         "round.$": "$.round",
     }
     assert supervisor["Next"] == "NextRound"
     assert supervisor_branch["States"]["NextRound"]["Parameters"] == {
         "job_id.$": "$.job_id",
         "spec_key.$": "$.spec_key",
+        "packed.$": "$.packed",
+        "pack.$": "$.pack",  # Validate's, carried to the pack's NextJob
         "status.$": "$.supervisor.status",
         "round.$": "$.supervisor.round",
         "workers.$": "$.supervisor.workers",
@@ -65,6 +70,7 @@ def test_the_job_flows_validate_prepare_rounds_finalize(default):
     assert workers["ItemSelector"] == {
         "job_id.$": "$.job_id",
         "spec_key.$": "$.spec_key",
+        "packed.$": "$.packed",
         "round.$": "$.round",
         "worker.$": "$$.Map.Item.Value",
     }
@@ -84,9 +90,28 @@ def test_the_job_flows_validate_prepare_rounds_finalize(default):
         },
         {**unfinished, "Next": "Round"},
     ]
-    assert states["Paused"]["Type"] == "Pass" and states["Paused"].get("End") is True
+    assert states["Paused"]["Type"] == "Pass" and states["Paused"]["Next"] == "InPack?"
     assert states["Paused"]["Parameters"]["status"] == "paused"
-    assert states["Finalize"]["Next"] == "Done" and states["Done"]["Type"] == "Succeed"
+    assert states["Finalize"]["Next"] == "InPack?"
+    # A job of a trial pack asks the search for the pack's next job and starts it at Validate;
+    # any other job (or a pack with none next) ends the execution.
+    in_pack = states["InPack?"]
+    assert in_pack["Choices"] == [{"Variable": "$.packed", "BooleanEquals": True, "Next": "NextJob"}]
+    assert in_pack["Default"] == "Done" and states["Done"]["Type"] == "Succeed"
+    next_job = states["NextJob"]
+    assert next_job["Parameters"]["Payload"] == {
+        "action": "next", "tune_id.$": "$.pack.tune_id", "pack.$": "$.pack.pack", "job_id.$": "$.job_id"
+    }  # fmt: skip
+    assert invoked_function(next_job) == f"<{default.function_id('tune')}.Arn>" and next_job["ResultPath"] == "$.next"
+    assert next_job["Catch"][0]["Next"] == "JobFailed"  # no OnFailure: the job before it ended well
+    job = states[next_job["Next"]]
+    assert job["Choices"] == [
+        {"Variable": "$.next.done", "BooleanEquals": True, "Next": "PackDone"},
+        {"Variable": "$.next.wait", "BooleanEquals": True, "Next": "WaitForJob"},  # another pack's may promote
+    ]
+    assert states["PackDone"]["Type"] == "Succeed"
+    assert states["WaitForJob"] == {"Type": "Wait", "Seconds": names.PACK_POLL_S, "Next": "NextJob"}
+    assert states[job["Default"]] == {"Type": "Pass", "OutputPath": "$.next.input", "Next": "Validate"}
 
 
 def test_each_task_invokes_its_function(default):
@@ -98,6 +123,7 @@ def test_each_task_invokes_its_function(default):
         ("Worker", "worker"),
         ("Finalize", "finalize"),
         ("OnFailure", "on_failure"),
+        ("NextJob", "tune"),
     ):
         assert invoked_function(states[state_name]) == f"<{default.function_id(function)}.Arn>", state_name
 
@@ -116,7 +142,7 @@ def test_no_choice_reads_an_array_index(default, scaled):
 
 def test_every_task_retries_lambda_service_errors_only(default):
     tasks = {n: s for n, s in all_states(default.definition).items() if s["Type"] == "Task"}
-    assert set(tasks) == {"Validate", "Prepare", "Supervisor", "Worker", "Finalize", "OnFailure"}
+    assert set(tasks) == {"Validate", "Prepare", "Supervisor", "Worker", "Finalize", "OnFailure", "NextJob"}
     for name, task in tasks.items():
         assert task["Resource"].endswith(":states:::lambda:invoke"), name
         (retry,) = task["Retry"]
@@ -134,7 +160,7 @@ def test_every_failure_records_its_state_then_runs_on_failure_then_fails(default
         assert recorder["Type"] == "Pass" and recorder["Next"] == "OnFailure"
         expected = {"failed_state": name, "error.$": "$.error"}
         if name != "Validate":  # before Validate there is no job yet
-            expected.update({"job_id.$": "$.job_id", "spec_key.$": "$.spec_key"})
+            expected.update({"job_id.$": "$.job_id", "spec_key.$": "$.spec_key", "packed.$": "$.packed"})
         assert recorder["Parameters"] == expected
     on_failure = states["OnFailure"]
     assert on_failure["Parameters"]["Payload.$"] == "$" and on_failure["ResultPath"] == "$.report"

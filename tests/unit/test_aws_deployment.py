@@ -15,6 +15,7 @@ from ebb.aws.jobs import JobSpecError, heartbeat_while, job_of_execution, split_
 from ebb.engine.clock import wall
 from ebb.ports import deployment as names
 from ebb.spec import parse_spec
+from ebb.stores.local import FolderObjectStore
 from ebb.stores.memory import MemoryUpdateStore
 
 DEPLOYED = {
@@ -108,15 +109,27 @@ def test_an_executions_control_fields_are_taken_out_of_its_job_spec():
                                    "pause_after_steps": 12})  # fmt: skip
     assert spec == {"model": "pmf", "data": "d"}
     assert (control.job_id, control.resume, control.pause_after_steps) == ("t-t001", True, 12)
-    assert split_control({"model": "pmf"})[1].model_dump() == {"job_id": None, "resume": False, "pause_after_steps": 0}
+    assert split_control({"model": "pmf"})[1].model_dump() == {
+        "job_id": None, "resume": False, "pause_after_steps": 0, "pack": None
+    }  # fmt: skip
     with pytest.raises(JobSpecError, match="execution input: pause_after_steps: Input should be greater than"):
         split_control({"model": "pmf", "pause_after_steps": -1})
     with pytest.raises(JobSpecError, match="execution input: job_id: String should match pattern"):
         split_control({"model": "pmf", "job_id": "../other"})
 
 
-def test_a_stopped_execution_is_the_job_its_input_names_else_its_own():
+def test_a_stopped_execution_is_the_job_its_input_names_else_its_own(tmp_path):
     assert job_of_execution("t-t001-r1", json.dumps({"model": "pmf", "job_id": "t-t001"})) == "t-t001"
     assert job_of_execution("my-job", json.dumps({"model": "pmf"})) == "my-job"
     assert job_of_execution("my-job", json.dumps({"job_id": "bad/id"})) == "my-job"  # Validate refused it too
     assert job_of_execution("my-job", "not json") == "my-job"
+    # A trial pack's execution names its first job; the one it trains now is in its search's state.
+    bucket = FolderObjectStore(tmp_path)
+    bucket.put(
+        names.tune_state_key("t"), json.dumps({"packs": [{"job": {"job_id": "t-t002"}}, {"job": None}]}).encode()
+    )
+    pack_input = {"model": "pmf", "job_id": "t-t000", "pack": {"tune_id": "t", "pack": 0}}
+    assert job_of_execution("t-p000", json.dumps(pack_input), bucket) == "t-t002"
+    between = {**pack_input, "pack": {"tune_id": "t", "pack": 1}}  # between jobs: the input's
+    assert job_of_execution("t-p001", json.dumps(between), bucket) == "t-t000"
+    assert job_of_execution("t-p000", json.dumps(pack_input), FolderObjectStore(tmp_path / "none")) == "t-t000"

@@ -23,6 +23,18 @@ class ValidateEvent(_Event):
 class JobRef(_Event):
     job_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,80}$")
     spec_key: str
+    # In a trial pack: the supervisor and Finalize meter the job as the pack's
+    # (``ebb.cost.meter.packed``), a worker keeps the training split warm between jobs.
+    packed: bool = False
+
+
+class PackRef(BaseModel):
+    """A job trained in a trial pack (``ebb tune --stack``): the search and the pack."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tune_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,80}$")
+    pack: int = Field(ge=0)
 
 
 class JobControl(BaseModel):
@@ -34,6 +46,7 @@ class JobControl(BaseModel):
     job_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,80}$")
     resume: bool = False
     pause_after_steps: int = Field(0, ge=0)
+    pack: PackRef | None = None
 
 
 class ValidateResult(JobRef):
@@ -41,6 +54,7 @@ class ValidateResult(JobRef):
     round: int = 0
     workers: list[int]
     pause_after_steps: int = 0
+    pack: PackRef | None = None  # carried in the state to every round and to the pack's NextJob
 
 
 class PrepareResult(BaseModel):

@@ -20,13 +20,16 @@ from functools import cached_property
 from pydantic import ValidationError
 
 from ebb.aws.config import AwsConfig
-from ebb.aws.contract import JobControl
+from ebb.aws.contract import JobControl, PackRef
 from ebb.engine import checkpoint
 from ebb.ports import deployment as names
 from ebb.ports.keys import PROGRESS_KEY
 from ebb.ports.objects import ObjectStore
 from ebb.spec import JobSpec
 from ebb.stores import open_object_store
+
+# The datasets this function instance holds warm (``Job.keep_warm``).
+_WARMED: set[str] = set()
 
 # How often a running supervisor looks for the abort marker (one S3 request each time).
 ABORT_POLL_S = 3.0
@@ -94,6 +97,21 @@ class Job:
     def redis_job(self) -> str:
         """The job's namespace in the shared cache: the execution's id, unique per run."""
         return self.job_id
+
+    def keep_warm(self) -> None:
+        """Load and convert the training split once per function instance (``engine.parts.warm_up``):
+        a trial pack's later jobs on this instance read no part again. Its first load is billed
+        in this invocation's time (the job's); nothing is kept when it is over the part cache."""
+        if self.spec.data in _WARMED:
+            return
+        from ebb.engine.parts import warm_up
+        from ebb.models import build_model
+        from ebb.ports.manifest import load_manifest
+
+        manifest = load_manifest(self.data, self.spec.data)
+        model = build_model(self.spec.model, manifest, self.spec.hyper, self.spec.seed)
+        warm_up(self.data, manifest, model, self.spec.aws.part_cache_bytes())
+        _WARMED.add(self.spec.data)
 
     def write_progress(self, progress: dict) -> None:
         self.out.put(PROGRESS_KEY, json.dumps(progress, separators=(",", ":")).encode())
@@ -166,18 +184,33 @@ def split_control(raw: dict) -> tuple[dict, JobControl]:
     return spec, control
 
 
-def job_of_execution(name: str | None, execution_input: str) -> str | None:
+def job_of_execution(name: str | None, execution_input: str, packs: ObjectStore | None = None) -> str | None:
     """The job an execution ran: the ``job_id`` its input names (a trial's executions share
-    one), else the execution's name (as Validate decides)."""
+    one), else the execution's name (as Validate decides). A trial pack's execution runs many
+    jobs, its input naming the first: the one it was training is in its search's state
+    (``packs``: the bucket; ``tunes/<id>/state.json``'s ``packs[k].job.job_id``)."""
     try:
         raw = json.loads(execution_input)
     except ValueError:
         return name
     given = raw.get(names.JOB_ID_FIELD) if isinstance(raw, dict) else None
+    pack = raw.get(names.PACK_FIELD) if isinstance(raw, dict) else None
+    if packs is not None and isinstance(pack, dict):
+        given = _pack_job(packs, pack) or given
     try:
         return JobControl.model_validate({names.JOB_ID_FIELD: given}).job_id or name
     except ValidationError:  # not a job id Validate would have taken: it ran as the execution
         return name
+
+
+def _pack_job(packs: ObjectStore, pack: dict) -> str | None:
+    """The job a trial pack is training now, as its search's state says (None: between jobs, or unknown)."""
+    try:
+        ref = PackRef.model_validate(pack)
+        state = json.loads(packs.get(names.tune_state_key(ref.tune_id)))
+        return state["packs"][ref.pack]["job"]["job_id"]
+    except (ValidationError, KeyError, IndexError, TypeError, ValueError):
+        return None
 
 
 def resume_point(config: AwsConfig, job_id: str, workers: int) -> tuple[int, list[int]]:

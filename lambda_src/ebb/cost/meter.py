@@ -91,12 +91,15 @@ def meter_for(spec) -> Callable[[JobAccount], dict]:
     return lambda account: estimate_cost(usage_of(spec, account), prices)
 
 
-def pack_usage(spec, *, seconds: float, waves: int, object_gets: int, object_puts: int = 0) -> Usage:
+def pack_usage(
+    spec, *, seconds: float, waves: int, object_gets: int, object_puts: int = 0, transitions: int = 0
+) -> Usage:
     """What a trial pack pays once, beside its jobs (``packed``): one execution of ``waves``
     rounds of invocations (a fleet of ``spec.workers`` and a supervisor, each wave re-invoked
     warm when the last reached the functions' time limit), billed for ``seconds`` of fleet
     time (its cold start and loading the data before the first job trains, the search's
-    decisions between jobs), and the S3 requests those made."""
+    decisions between jobs), the S3 requests those made, and ``transitions`` more states
+    (a stack's pack passes each job's own states: Validate, NextJob, ...)."""
     workers = spec.workers
     return Usage(
         worker_seconds=workers * seconds,
@@ -110,11 +113,15 @@ def pack_usage(spec, *, seconds: float, waves: int, object_gets: int, object_put
         cache_nodes=spec.aws.cache_nodes,
         s3_get=object_gets,
         s3_put=object_puts,
-        sfn_transitions=_STATES_PER_JOB + waves * (_STATES_PER_ROUND + 2 * workers),
+        sfn_transitions=_STATES_PER_JOB + waves * (_STATES_PER_ROUND + 2 * workers) + transitions,
     )
 
 
-def pack_cost(spec, *, seconds: float, waves: int, object_gets: int, object_puts: int = 0) -> dict:
+def pack_cost(
+    spec, *, seconds: float, waves: int, object_gets: int, object_puts: int = 0, transitions: int = 0
+) -> dict:
     """``pack_usage`` priced (``estimate_cost``'s form)."""
-    usage = pack_usage(spec, seconds=seconds, waves=waves, object_gets=object_gets, object_puts=object_puts)
+    usage = pack_usage(
+        spec, seconds=seconds, waves=waves, object_gets=object_gets, object_puts=object_puts, transitions=transitions
+    )
     return estimate_cost(usage, load_prices())

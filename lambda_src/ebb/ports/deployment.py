@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from ebb.ports.keys import PROGRESS_KEY  # under a job's `out`: what `ebb watch` shows
+from ebb.ports.keys import PROGRESS_KEY, REPORT_KEY  # under a job's `out`: what `ebb watch` shows; its report
 
 # -- the data bucket ------------------------------------------------------------------
 # Top-level prefixes (docs/AWS.md "Object keys").
@@ -51,6 +51,11 @@ def tune_prefix(tune_id: str) -> str:
     return f"{TUNES}{tune_id}"
 
 
+def tune_state_key(tune_id: str) -> str:
+    """A search's state between its steps; OnFailure reads which job a stopped pack was training."""
+    return f"{tune_prefix(tune_id)}/state.json"
+
+
 # What each function writes, as object-key patterns (IAM wildcards; `*` spans `/`). The
 # stack grants exactly these (stacks/compute.py) and nothing else: PutObject on `put`,
 # DeleteObject on `delete`. Every function reads the whole bucket.
@@ -63,7 +68,8 @@ PUT = MappingProxyType(
         "validate": (f"{JOBS}*/{SPEC_FILE}",),
         "on_failure": (f"{JOBS}*",),  # the failed report.json, progress.json, the abort marker
         "predict": (f"{PREDICTIONS}*",),  # a predict run's shards and manifest
-        "tune": (f"{TUNES}*",),  # a search's state, tune.json and best/
+        # a search's state, tune.json and best/; a trial's report, its share of its packs added
+        "tune": (f"{TUNES}*", f"{JOBS}*/{REPORT_KEY}"),
     }
 )
 DELETE = MappingProxyType(
@@ -140,12 +146,19 @@ def worker_filter_policy(worker: int) -> dict[str, list[str]]:
 # not part of the spec (Validate takes them out): the job id whose spec, outputs and
 # checkpoints to use (default: the execution's name; a trial's executions share one),
 # `resume` (carry on from the checkpoints' last complete round) and `pause_after_steps`
-# (end the rounds once the job's steps reach it, with no Finalize: 0 never pauses).
-JOB_ID_FIELD, RESUME_FIELD, PAUSE_FIELD = "job_id", "resume", "pause_after_steps"
-CONTROL_FIELDS = (JOB_ID_FIELD, RESUME_FIELD, PAUSE_FIELD)
+# (end the rounds once the job's steps reach it, with no Finalize: 0 never pauses), and
+# `pack` (`{"tune_id", "pack"}`: the job is one of a trial pack's, which asks the search for
+# its next job when this one ends; docs/AWS.md "Tuning on AWS").
+JOB_ID_FIELD, RESUME_FIELD, PAUSE_FIELD, PACK_FIELD = "job_id", "resume", "pause_after_steps", "pack"
+CONTROL_FIELDS = (JOB_ID_FIELD, RESUME_FIELD, PAUSE_FIELD, PACK_FIELD)
 VALIDATE, PREPARE, ROUND, FINALIZE, ON_FAILURE = "Validate", "Prepare", "Round", "Finalize", "OnFailure"
 SUPERVISOR_STATE, WORKERS_STATE, WORKER_STATE = "Supervisor", "Workers", "Worker"
 PAUSED = "Paused"  # the state that ends an execution at its pause_after_steps
+# A trial pack's loop in the training machine: after a job's Paused or Finalize, NextJob asks
+# the search (the tune function) for the pack's next job, which Validate then starts.
+IN_PACK_STATE, NEXT_JOB_STATE, PACK_DONE_STATE, PACK_WAIT_STATE = "InPack?", "NextJob", "PackDone", "WaitForJob"
+# A pack with no job now while another pack's trains waits this long before it asks again.
+PACK_POLL_S = 10
 EXECUTION = "Execution"  # OnFailure's failed_state for an execution stopped by hand or timed out
 # Inline Map runs at most about 40 iterations at once, whatever MaxConcurrency says: more
 # workers than this need the Distributed Map (a child execution per worker).
@@ -166,7 +179,8 @@ PREDICT_METRICS = ("RowsScored", "RowsSkipped", "ShardSeconds")
 
 
 # -- the Tune state machine (`ebb tune --stack`; docs/AWS.md "Tuning on AWS") ---------------
-ASK_STATE, TRIALS_STATE, TRIAL_STATE, TELL_STATE, CONCLUDE_STATE = "Ask", "Trials", "Trial", "Tell", "Conclude"
+# The Map runs one nested training execution per fleet (a trial pack each).
+ASK_STATE, TRIALS_STATE, TRIAL_STATE, TELL_STATE, CONCLUDE_STATE = "Ask", "Packs", "Pack", "Tell", "Conclude"
 TUNE_DIMENSION = "TuneId"
 TUNE_METRICS = ("TrialsStarted", "TrialsFinished", "BestValidation")
 

@@ -160,6 +160,36 @@ class S3ObjectStore:
             raise self._error("PutObject", key, exc) from exc
         return True
 
+    def get_tagged(self, key: str) -> tuple[bytes, str]:
+        """The object and its ETag, for a later ``put_if_match`` (optimistic concurrency)."""
+        full = self._key(key)
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=full)
+            return response["Body"].read(), response["ETag"]
+        except ClientError as exc:
+            if self._code(exc) in _MISSING_KEY:
+                raise self._missing(exc, key) from None
+            raise self._error("GetObject", key, exc) from exc
+        except BotoCoreError as exc:
+            raise self._error("GetObject", key, exc) from exc
+
+    def put_if_match(self, key: str, data: bytes, etag: str | None) -> bool:
+        """A conditional PUT: only over the version whose ETag is ``etag`` (``If-Match``), or,
+        with None, only where there is none yet (``If-None-Match: *``). False when another
+        writer got there first (412, or 409 for a concurrent conditional PUT)."""
+        if etag is None:
+            return self.put_new(key, data)
+        full = self._key(key)
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=full, Body=data, IfMatch=etag)
+        except ClientError as exc:
+            if self._code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                return False
+            raise self._error("PutObject", key, exc) from exc
+        except BotoCoreError as exc:
+            raise self._error("PutObject", key, exc) from exc
+        return True
+
     def exists(self, key: str) -> bool:
         full = self._key(key)
         try:

@@ -33,7 +33,7 @@ examples:
   ebb tune job.yaml --budget-usd 0.05                  the job file's tune: section
   ebb tune --data data/ml --param hyper.lr=log_uniform:0.005,0.1 --param hyper.rank=choice:10,20,40
   ebb tune --resume runs/my-job                        carry on after a kill
-  ebb tune job.yaml --stack Ebb --watch                on a deployed stack: each trial's rungs are executions
+  ebb tune job.yaml --stack Ebb --watch                on a deployed stack: in trial packs, an execution each
 
 Every trial is an ordinary job in OUT/trials/tNNN (checkpoints, report.json, model.npz).
 Trials are compared on the validation metric at rungs of min_epochs x eta^k epochs (at one
@@ -42,9 +42,10 @@ a leaderboard, OUT/tune.json, OUT/best/ (the best trial's model and report), OUT
 Here the jobs run in trial packs: one warm fleet trains them one after another (one cold
 start, one load of the data, one execution to pay); --fleets N runs N at once, --no-packs
 gives every job a fleet of its own.
-With --stack the search runs on the stack's Tune state machine: each rung's trials at once
-(nested executions of the training state machine), every trial's job under jobs/<tune>-tNNN,
-the leaderboard and the best trial under s3://<bucket>/tunes/<tune>/ (docs/AWS.md).
+With --stack the search runs on the stack's Tune state machine, in trial packs too: each
+pack (--fleets N at once) one nested execution of the training state machine that trains the
+search's jobs back to back, every trial's job under jobs/<tune>-tNNN, the leaderboard and the
+best trial under s3://<bucket>/tunes/<tune>/ (docs/AWS.md).
 """
 
 
@@ -90,7 +91,7 @@ def add_tune(sub) -> None:
         default=1,
         metavar="N",
         help="trial packs: warm fleets at once, within --parallel (default 1, the cheapest: each fleet "
-        "pays its own cold start and execution; more finish sooner)",
+        "pays its own cold start and execution; more finish sooner); with --stack, pack executions at once",
     )
     p.add_argument("--resume", metavar="OUT", help="carry on with the search in OUT (after a kill); no other arguments")
     aws = p.add_argument_group("on a deployed stack")
@@ -171,19 +172,22 @@ def _tune_on_stack(args) -> int:
     if args.resume:
         print("ebb tune: --resume carries on a local search; a stack's search carries on by itself", file=sys.stderr)
         return 2
-    if not args.packs or args.fleets != 1:
+    if not args.packs:
         print(
-            "ebb tune: --no-packs and --fleets are a local search's: a stack runs each job as an execution of its "
-            "own (docs/AWS.md, Tuning on AWS)",
+            "ebb tune: --no-packs is a local search's: a stack runs the search in trial packs, an execution per "
+            "fleet (docs/AWS.md, Tuning on AWS)",
             file=sys.stderr,
         )
+        return 2
+    if args.fleets < 1:
+        print("ebb tune: --fleets must be at least 1", file=sys.stderr)
         return 2
     try:
         section, job_yaml, overrides = _job_input(args)
         spec = Base(job_yaml, overrides, args.assignments).spec()
         tspec = tune_spec(section, spec.model, given(args, TUNE_FLAGS), args.params, args.quick)
         dep = Deployment.from_stack(args.stack)
-        started = submit_tune(dep, spec, tspec, progress=lambda line: print(line, file=sys.stderr))
+        started = submit_tune(dep, spec, tspec, progress=lambda line: print(line, file=sys.stderr), fleets=args.fleets)
         print(
             f"started tune {started['name']}: {len(tspec.space)} fields over {tspec.trials} trials, "
             f"{tspec.rungs_text()}\n  {started['executionArn']}\n  {started['console']}",

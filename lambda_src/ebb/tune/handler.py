@@ -1,12 +1,17 @@
-"""Tune: one step of the Tune state machine (``action``: ask, tell or conclude); the work is
-``ebb.tune.stack``. Ask and Tell put TrialsStarted, TrialsFinished and BestValidation
-(EMF, dimension TuneId) for the dashboard's Tuning row.
+"""Tune: one step of the Tune state machine, or of a trial pack's execution of the training
+machine (``action``: ask, next, tell or conclude); the work is ``ebb.tune.stack``. Ask, Next
+and Tell put TrialsStarted, TrialsFinished and BestValidation (EMF, dimension TuneId) for
+the dashboard's Tuning row.
 
 It lives in ``ebb.tune`` (not ``ebb.aws.handlers``): the search sits above the AWS layer.
 
-- ask ``{"tune_id", "search": the execution's input}`` -> ``{"done", "jobs": [{"trial",
-  "rung", "name", "input"}], "max_concurrency"}``
-- tell ``{"tune_id", "results": [{"trial", "rung", "ok", "error"?}]}`` -> the summary
+- ask ``{"tune_id", "search": the execution's input}`` -> ``{"done", "packs": [{"pack",
+  "name", "input"}], "max_concurrency"}`` (a pack's execution each, its first job's input)
+- next ``{"tune_id", "pack", "job_id"}`` (a pack's job ended well, or a poll after a wait)
+  -> ``{"done", "wait", "input"}`` (the pack's next job; or wait and ask again: another
+  pack's job may end in a promotion; or done: the pack ends)
+- tell ``{"tune_id", "results": [{"pack", "ok", "error"?}]}`` (the packs' executions ended)
+  -> the summary
 - conclude ``{"tune_id"}`` -> ``{"tune_key", "best_trial", "best_val"}``
 """
 
@@ -20,7 +25,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from ebb.aws.config import aws_config
 from ebb.aws.deployment import account_settings
 from ebb.ports import deployment as names
-from ebb.tune.stack import RESULT_FILE, StackTune, max_concurrency
+from ebb.tune.stack import RESULT_FILE, StackTune
 
 logger = Logger(service="ebb-tune")
 
@@ -31,35 +36,48 @@ def handler(event: dict, context) -> dict:
     logger.append_keys(tune_id=tune_id, action=action)
     config = aws_config()
     if action == "ask":
-        run = StackTune.load(config, tune_id, event.get("search"))
-        jobs = run.ask()
-        workers = max((j.input["workers"] for j in jobs), default=1)
+        account = account_settings()
+        asked = StackTune.step(config, tune_id, lambda r: (r.summary(), r.ask(account)), event.get("search"))
+        run, (before, packs) = asked
+        _put(config, tune_id, {"TrialsStarted": run.summary()["trials_started"] - before["trials_started"]})
+        logger.info("asked", extra={"packs": [p.pack for p in packs], **run.summary()})
+        return {"done": not packs, "packs": [asdict(p) for p in packs], "max_concurrency": max(1, len(packs))}
+    if action == "next":
+        pack = int(event["pack"])
+        run, (before, step) = StackTune.step(
+            config, tune_id, lambda r: (r.summary(), r.next(pack, event.get("job_id")))
+        )
         summary = run.summary()
-        _put(config, tune_id, {"TrialsStarted": sum(1 for j in jobs if j.rung == 0)})
-        logger.info("asked", extra={"jobs": [(j.trial, j.rung) for j in jobs], **summary})
-        return {
-            "done": not jobs,
-            "jobs": [asdict(j) for j in jobs],
-            "max_concurrency": max_concurrency(workers, account_settings()),
+        counts = {
+            "TrialsStarted": summary["trials_started"] - before["trials_started"],
+            "TrialsFinished": summary["trials_finished"] - before["trials_finished"],
         }
-    run = StackTune.load(config, tune_id)
+        _put(config, tune_id, counts, best=summary["best_val"])
+        job = step.get("input")
+        logger.info("next", extra={"pack": pack, "ended": event.get("job_id"), "next": job and job["job_id"], **step})
+        return {"done": bool(step.get("done")), "wait": bool(step.get("wait")), "input": job}
     if action == "tell":
-        before = run.summary()["trials_finished"]
-        run.tell(event["results"])
+
+        def tell(run: StackTune) -> dict[str, object]:
+            before = run.summary()
+            run.tell(event["results"])
+            return before
+
+        run, before = StackTune.step(config, tune_id, tell)
         summary = run.summary()
-        counts = {"TrialsFinished": summary["trials_finished"] - before}
+        counts = {"TrialsFinished": summary["trials_finished"] - before["trials_finished"]}
         _put(config, tune_id, counts, best=summary["best_val"])
         logger.info("told", extra=summary)
         return summary
     if action == "conclude":
-        result = run.conclude()
+        result = StackTune.load(config, tune_id).conclude()
         best = result["best"]
         return {
             "tune_key": f"{names.tune_prefix(tune_id)}/{RESULT_FILE}",
             "best_trial": best and best["trial"],
             "best_val": best and best["best_val"],
         }
-    raise ValueError(f"unknown action {action!r}: expected ask, tell or conclude")
+    raise ValueError(f"unknown action {action!r}: expected ask, next, tell or conclude")
 
 
 def _put(config, tune_id: str, counts: dict[str, int], best: float | None = None) -> None:

@@ -223,7 +223,7 @@ class LocalTune:
     # -- packs ---------------------------------------------------------------------
     def pack_usd(self, trial: int) -> float:
         """Trial ``trial``'s share of what the packs paid once."""
-        return sum(p["shares"].get(str(trial), 0.0) for p in self.packs)
+        return pack_usd(self.packs, trial)
 
     def _open_pack(self, slot: int, first: Job, redis_url: str) -> _Pack:
         """A warm fleet for ``slot``: its process, up and with the data loaded; what it paid
@@ -280,10 +280,7 @@ class LocalTune:
 
     def _reshare(self, record: dict[str, Any]) -> None:
         """Share ``record``'s fixed cost out again (``_share``), the trials' costs moved with it."""
-        before = dict(record["shares"])
-        _share(record)
-        for key in set(before) | set(record["shares"]):
-            self.search.trials[int(key)].cost_usd += record["shares"].get(key, 0.0) - before.get(key, 0.0)
+        reshare(record, self.search.trials)
 
     # -- the loop ------------------------------------------------------------------
     def _next_job(self, pending: list[Job]) -> Job | None:
@@ -416,21 +413,7 @@ class LocalTune:
                 _add_pack_share(report_path, self.pack_usd(t.id))
             reports[t.id] = json.loads(report_path.read_text()) if report_path.exists() else {}
         result = tune_result(self.search, wall, reports, lambda t: str(self.trial_dir(t)))
-        if self.packs:
-            result["packs"] = [{k: v for k, v in p.items() if k != "open"} for p in self.packs]
-            result["packs_usd"] = round(sum(p["usd"] for p in self.packs), 6)
-            # The fleets run side by side, each its packs one after another: the busiest
-            # one's time (its start-ups and jobs; the waits between are left out).
-            busy: dict[int, float] = {}
-            for p in self.packs:
-                busy[p["slot"]] = busy.get(p["slot"], 0.0) + p["seconds"] + sum(j["seconds"] for j in p["jobs"])
-            result["fleet_wall_seconds"] = round(max(busy.values()), 3)
-        # Where the money went: the trials' jobs and the packs' fixed costs, by component.
-        parts = [r.get("cost", {}).get("by_component", {}) for r in reports.values()]
-        parts += [p["by_component"] for p in self.packs]
-        result["cost_by_component"] = {
-            k: round(sum(c.get(k, 0.0) for c in parts), 8) for k in sorted({k for c in parts for k in c})
-        }
+        pack_totals(result, self.packs, reports)
         best = self.search.best()
         if best is not None:
             dest = self.out / "best"
@@ -489,6 +472,39 @@ def tune_result(
         "launches": search.launches,
         "tune": search.spec.model_dump(mode="json"),
     }
+
+
+def pack_totals(result: dict[str, Any], packs: list[dict[str, Any]], reports: dict[int, dict[str, Any]]) -> None:
+    """tune.json's pack fields (a local search's or a stack's): ``packs`` (without ``open``),
+    ``packs_usd``, ``fleet_wall_seconds`` over the packs, and ``cost_by_component``."""
+    if packs:
+        result["packs"] = [{k: v for k, v in p.items() if k not in ("open", "job")} for p in packs]
+        result["packs_usd"] = round(sum(p["usd"] for p in packs), 6)
+        # The fleets run side by side, each its packs one after another: the busiest
+        # one's time (its start-ups and jobs; the waits between are left out).
+        busy: dict[int, float] = {}
+        for p in packs:
+            busy[p["slot"]] = busy.get(p["slot"], 0.0) + p["seconds"] + sum(j["seconds"] for j in p["jobs"])
+        result["fleet_wall_seconds"] = round(max(busy.values()), 3)
+    # Where the money went: the trials' jobs and the packs' fixed costs, by component.
+    parts = [r.get("cost", {}).get("by_component", {}) for r in reports.values()]
+    parts += [p["by_component"] for p in packs]
+    result["cost_by_component"] = {
+        k: round(sum(c.get(k, 0.0) for c in parts), 8) for k in sorted({k for c in parts for k in c})
+    }
+
+
+def pack_usd(packs: list[dict[str, Any]], trial: int) -> float:
+    """Trial ``trial``'s share of what ``packs`` paid once."""
+    return sum(p["shares"].get(str(trial), 0.0) for p in packs)
+
+
+def reshare(record: dict[str, Any], trials: list[Trial]) -> None:
+    """Share ``record``'s fixed cost out again (``_share``), the trials' costs moved with it."""
+    before = dict(record["shares"])
+    _share(record)
+    for key in set(before) | set(record["shares"]):
+        trials[int(key)].cost_usd += record["shares"].get(key, 0.0) - before.get(key, 0.0)
 
 
 def _job_process(folder: str, to_steps: int, redis_url: str, budget_usd: float | None) -> None:
@@ -610,6 +626,7 @@ def _price(record: dict[str, Any], spec: JobSpec) -> None:
         waves=record.get("waves", 1),
         object_gets=record["object_gets"],
         object_puts=record["decisions"],
+        transitions=record.get("transitions", 0),  # (a stack's pack: each job's own states)
     )
     record["usd"] = cost["total_usd"]
     record["by_component"] = cost["by_component"]
@@ -632,12 +649,18 @@ def _add_pack_share(path: Path, share: float) -> None:
     """A trial's report with its share of its packs' fixed cost: ``cost.pack_usd``, and
     ``cost.total_usd`` = its jobs' (``cost.job_usd``) + that (written again the same on a rerun)."""
     report = json.loads(path.read_text())
+    if with_pack_share(report, share):
+        path.write_text(json.dumps(report, indent=2))
+
+
+def with_pack_share(report: dict[str, Any], share: float) -> bool:
+    """``report`` with its trial's pack share (``_add_pack_share``); False when it has no cost."""
     cost = report.get("cost")
     if not cost:
-        return
+        return False
     job = cost.get("job_usd", cost["total_usd"])
     cost.update({"job_usd": job, "pack_usd": share, "total_usd": job + share})
-    path.write_text(json.dumps(report, indent=2))
+    return True
 
 
 def _num_parts(spec: JobSpec) -> int:

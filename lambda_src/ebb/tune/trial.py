@@ -148,11 +148,12 @@ def best_replica_meta(store) -> dict[str, Any] | None:
         return None
 
 
-def close(spec: JobSpec, status: str, outputs: bool = True) -> dict[str, Any]:
+def close(spec: JobSpec, status: str, outputs: bool = True, store=None) -> dict[str, Any]:
     """Report a trial the search left between rungs as a finished job's report is written
     (its best model scored on the test split, the plot), with ``status``; its checkpoints stay,
     so a later promotion could still resume it. ``outputs`` False: the report alone (a pack's
-    pruned trial: no model or plot written, nor paid for; its checkpoints hold the model)."""
+    pruned trial: no model or plot written, nor paid for; its checkpoints hold the model).
+    ``store``: its checkpoints (default: where a local run keeps them)."""
     from ebb.engine import checkpoint
     from ebb.engine.finalize import best_replica, build_report, evaluate, merged_replica
     from ebb.engine.outputs import write_outputs, write_report_only
@@ -160,7 +161,9 @@ def close(spec: JobSpec, status: str, outputs: bool = True) -> dict[str, Any]:
     from ebb.stores import open_object_store
 
     started = time.perf_counter()
-    store, data = open_object_store(checkpoints_location(spec)), open_object_store(spec.data)
+    if store is None:
+        store = open_object_store(checkpoints_location(spec))
+    data = open_object_store(spec.data)
     done = checkpoint.latest(store)
     assert done is not None, "a closed trial has trained a rung"
     state = checkpoint.read_supervisor(store, done["round"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 
 from aws_lambda_powertools import Logger
 
@@ -10,6 +11,7 @@ from ebb.aws.config import aws_config
 from ebb.aws.contract import FinalizeResult, JobRef
 from ebb.aws.jobs import Job
 from ebb.aws.notify import publish_job_event
+from ebb.cost.meter import packed
 from ebb.engine.finalize import finalize
 from ebb.ports import deployment as names
 from ebb.ports.keys import MODEL_KEY, REPORT_KEY
@@ -23,7 +25,8 @@ def handler(event: dict, context) -> dict:
     logger.append_keys(job_id=ref.job_id)
     config = aws_config()
     job = Job.load(config, ref.job_id, ref.spec_key)
-    report, _ = finalize(job.spec, data=job.data, checkpoints=job.checkpoints, out=job.out)
+    with packed() if ref.packed else nullcontext():  # a trial pack's job: priced as the pack's
+        report, _ = finalize(job.spec, data=job.data, checkpoints=job.checkpoints, out=job.out)
     out = job.spec.out_location.rstrip("/")
     job.write_progress(
         {

@@ -41,7 +41,7 @@ def handler(event: dict, context) -> dict:
     req = FailureEvent.model_validate(event)
     config = aws_config()
     if req.execution_input is not None:  # a stopped execution: its job may be named in its input
-        req.job_id = job_of_execution(req.job_id, req.execution_input)
+        req.job_id = job_of_execution(req.job_id, req.execution_input, Job.bucket_store(config))
     logger.append_keys(job_id=req.job_id)
     message = describe(req.failed_state, req.error.Error, req.error.Cause)
     report: dict = {"status": "failed", "error": message, "failed_state": req.failed_state}

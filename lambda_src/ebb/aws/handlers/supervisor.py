@@ -7,6 +7,8 @@ invocation Step Functions no longer waits for must not train on (docs/AWS.md, "A
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
 
@@ -16,6 +18,7 @@ from ebb.aws.deployment import ROUND_MARGIN_S
 from ebb.aws.jobs import Job, heartbeat_while
 from ebb.aws.launcher import MapLauncher
 from ebb.aws.metrics import CloudWatchSink
+from ebb.cost.meter import packed
 from ebb.engine.clock import wall
 from ebb.engine.preflight import preflight
 from ebb.engine.supervisor import Supervisor
@@ -53,7 +56,8 @@ def handler(event: dict, context) -> dict:
         round_seconds=round_seconds,
         interrupted=job.abort_check(),
     )
-    result = supervisor.run_round()
+    with packed() if req.packed else nullcontext():  # a trial pack's job: its execution is the pack's
+        result = supervisor.run_round()
     sink.flush()
     logger.info("round over", extra={"step": result["steps"] - 1, "status": result["status"]})
     return RoundResult(**result).model_dump()

@@ -3,8 +3,9 @@
 The execution input's control fields (``JobControl``) are taken out of the spec first: a
 given ``job_id`` (a trial's executions share one, and with it the spec, outputs and
 checkpoints), ``resume`` (the rounds start after the checkpoints' last complete round,
-with no fresh start) and ``pause_after_steps`` (carried in the state to the Choice after
-each round). The spec is fitted to this deployment (docs/AWS.md, "Validate"): its locations to what the
+with no fresh start), ``pause_after_steps`` (carried in the state to the Choice after
+each round) and ``pack`` (a trial pack's job: carried to its NextJob, and ``packed`` to every
+handler of the job). The spec is fitted to this deployment (docs/AWS.md, "Validate"): its locations to what the
 functions may read and write, its pricing to the deployed functions, its rounds to the
 execution's history and its fleet to the account's Lambda concurrency.
 """
@@ -61,4 +62,6 @@ def handler(event: dict, context) -> dict:
         round=round_,
         workers=workers,
         pause_after_steps=control.pause_after_steps,
+        pack=control.pack,
+        packed=control.pack is not None,
     ).model_dump()

@@ -21,6 +21,8 @@ def handler(event: dict, context) -> dict:
     req = WorkerEvent.model_validate(event)
     logger.append_keys(job_id=req.job_id, round=req.round, worker=req.worker)
     job = Job.load(aws_config(), req.job_id, req.spec_key)
+    if req.packed:  # a trial pack: this warm function keeps the training split for the pack's next jobs
+        job.keep_warm()
     start = WorkerStart(
         worker=req.worker,
         members=list(range(job.spec.workers)),
