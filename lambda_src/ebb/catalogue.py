@@ -31,7 +31,7 @@ class ModelEntry:
     name: str
     data: str  # the dataset kind it trains on: ratings | sparse | dense
     reads: str  # which raw formats give that kind (for --help)
-    hyper: Mapping[str, float]  # hyper-parameters left unset take these
+    hyper: Mapping[str, float | str]  # hyper-parameters left unset take these
     optimizer: Optimizer  # hyper.optimizer when unset
     optimizers: tuple[Optimizer, ...]  # the ones it can train with
     # How a step's updates meet (sync.combine): a row moves by the mean of its touchers'
@@ -89,7 +89,15 @@ CATALOGUE: Mapping[str, ModelEntry] = MappingProxyType(
             data="ratings",
             reads="MovieLens ratings",
             hyper=MappingProxyType(
-                {"rank": 20, "lr": 0.03, "momentum": 0.8, "init_std": 0.1, "lr_decay": 0.95, "cold_k": 0}
+                {
+                    "rank": 20,
+                    "lr": 0.03,
+                    "momentum": 0.8,
+                    "init_std": 0.1,
+                    "lr_decay": 0.95,
+                    "cold_k": 0,
+                    "row_grad": "mean",
+                }
             ),
             auto=MappingProxyType({"l2": AUTO_L2}),
             # Lazy Adam: within 1 % of tuned torch on the four presets at 1 and 4 workers,

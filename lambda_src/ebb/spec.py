@@ -105,6 +105,12 @@ class HyperParams(_Strict):
         "pace (steps: minibatches, / workers under sync.combine sum)",
         json_schema_extra=shown(per_model_hyper("lr_decay")),
     )
+    row_grad: Literal["mean", "sum"] | None = Field(
+        None,
+        description="PMF: a row that recurs in a minibatch gets the mean of its ratings' gradients, or their sum "
+        "(the minibatch loss's gradient: under Adam a step weighs as many ratings as it carries)",
+        json_schema_extra=shown(per_model_hyper("row_grad")),
+    )
     cold_k: int | None = Field(
         None,
         ge=0,

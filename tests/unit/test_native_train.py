@@ -78,6 +78,7 @@ def _pmf(
     momentum: float = 0.9,
     l2: float = 0.05,
     lr: float | None = None,
+    row_grad: str = "mean",
 ) -> PMF:
     return PMF(
         users,
@@ -90,6 +91,7 @@ def _pmf(
         global_mean=3.0,
         seed=rank,
         optimizer=optimizer,
+        row_grad=row_grad,
     )
 
 
@@ -146,11 +148,15 @@ def test_pmf_sgd_gives_the_torch_paths_bits(monkeypatch, library, rank, momentum
 
 @pytest.mark.parametrize("users, items", [(1, 1), (3, 200), (500, 2)])
 @pytest.mark.parametrize("l2", [0.05, 0.0])
-def test_pmf_repeated_ids_accumulate_as_torch_does(monkeypatch, library, users, items, l2):
-    """One user (or item) in every rating of a batch: its gradient is the mean of all of them."""
+@pytest.mark.parametrize("row_grad", ["mean", "sum"])
+def test_pmf_repeated_ids_accumulate_as_torch_does(monkeypatch, library, users, items, l2, row_grad):
+    """One user (or item) in every rating of a batch: its gradient is the mean (or the sum,
+    hyper.row_grad) of all of them."""
     rng = np.random.default_rng(users + items)
     for optimizer in ("sgd_momentum", "adam"):
-        fast = _pmf(20, optimizer, users=users, items=items, l2=l2)
+        fast = _pmf(
+            20, optimizer, users=users, items=items, l2=l2, row_grad=row_grad, lr=0.001 if row_grad == "sum" else None
+        )
         slow = copy.deepcopy(fast)
         for _ in range(3):
             batch = fast.to_batch(_ratings(rng, 300, users, items))
@@ -244,10 +250,10 @@ def test_empty_batches(monkeypatch, library):
         _same_state(fast, slow, exact=False)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd_momentum", "adam"])
-def test_pmf_trained_for_many_steps_ends_where_the_torch_path_does(monkeypatch, library, optimizer):
+@pytest.mark.parametrize("optimizer, row_grad", [("sgd_momentum", "mean"), ("adam", "mean"), ("adam", "sum")])
+def test_pmf_trained_for_many_steps_ends_where_the_torch_path_does(monkeypatch, library, optimizer, row_grad):
     """300 steps, each path on its own replica: SGD ends on torch's bits; lazy Adam within
-    1e-4 of each parameter and 1e-5 of the training loss."""
+    1e-4 of each parameter and 1e-5 of the training loss (either hyper.row_grad)."""
     rng = np.random.default_rng(9)
     truth_u, truth_i = rng.standard_normal((120, 3)), rng.standard_normal((80, 3))
     arrays = [_ratings(rng, 256, 120, 80) for _ in range(30)]
@@ -255,7 +261,9 @@ def test_pmf_trained_for_many_steps_ends_where_the_torch_path_does(monkeypatch, 
         a["rating"] = (3.0 + (truth_u[a["user"]] * truth_i[a["item"]]).sum(1) + 0.1 * rng.standard_normal(256)).astype(
             np.float32
         )
-    fast = _pmf(20, optimizer, users=120, items=80, momentum=0.8, lr=0.01 if optimizer == "adam" else 0.02)
+    fast = _pmf(
+        20, optimizer, users=120, items=80, momentum=0.8, lr=0.01 if optimizer == "adam" else 0.02, row_grad=row_grad
+    )
     slow = copy.deepcopy(fast)
     losses = {"fast": [], "slow": []}
     for step in range(300):

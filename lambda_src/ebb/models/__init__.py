@@ -79,6 +79,7 @@ def build_model(name: str, manifest, hp, seed: int) -> Model:
             rating_range=rating_range(manifest),
             optimizer=hp.optimizer or entry(name).optimizer,
             cold_k=int(hp.cold_k or 0),
+            row_grad=hp.row_grad or "mean",
         )
     from ebb.models.logistic import DenseLR, SparseLR
 

@@ -129,9 +129,10 @@ def _param(table: torch.Tensor, rows: torch.Tensor, opt, name: str) -> tuple[_Pa
 
 
 def pmf_update(
-    params: dict[str, torch.Tensor], opt, batch, rank: int, mu: float, l2: float
+    params: dict[str, torch.Tensor], opt, batch, rank: int, mu: float, l2: float, row_sum: bool = False
 ) -> tuple[float, int, RowUpdate] | None:
-    """``PMF.local_update(batch)`` in one pass (None: the kernels do not run here)."""
+    """``PMF.local_update(batch)`` in one pass (None: the kernels do not run here);
+    ``row_sum``: a recurring row's gradient is the sum of its ratings' (``hyper.row_grad``)."""
     b = batch
     if (
         native._lib is None
@@ -163,6 +164,7 @@ def pmf_update(
             b.item_count.data_ptr(),
             mu,
             l2,
+            int(row_sum),
             ctypes.addressof(o),
             ctypes.byref(loss_sum),
         ),

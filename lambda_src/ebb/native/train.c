@@ -217,12 +217,13 @@ enum { EBB_DONE = 0, EBB_BAD_ROW = 1, EBB_BAD_POSITION = 2 };
 
 /* PMF (ebb.models.pmf): r̂ = μ + b_u + b_i + U_u·V_i, each side's row [rank factors, bias].
  * A row's gradient is the mean of its ratings' (r̂ − r)·(the other side's row, with 1 for
- * the bias), plus l2 × the row. *loss = Σ (r̂ − r)². */
+ * the bias), plus l2 × the row; with row_sum (hyper.row_grad sum), their sum plus
+ * (count·l2) × the row. *loss = Σ (r̂ − r)². */
 EBB_BODY int pmf_step(const ebb_param *restrict user, const ebb_param *restrict item, int64_t rank,
                       const int64_t *restrict user_of, const int64_t *restrict item_of,
                       const float *restrict rating, int64_t n, const float *restrict user_count,
-                      const float *restrict item_count, float mu, float l2, const ebb_optim *restrict o,
-                      double *restrict loss_out) {
+                      const float *restrict item_count, float mu, float l2, int row_sum,
+                      const ebb_optim *restrict o, double *restrict loss_out) {
     const int64_t d = user->dim;
     if (gather(user) || gather(item)) return EBB_BAD_ROW;
     for (int64_t j = 0; j < user->k * d; j++) user->delta[j] = 0.0f;
@@ -266,7 +267,12 @@ EBB_BODY int pmf_step(const ebb_param *restrict user, const ebb_param *restrict 
             const float *restrict x = p->base + r * d;
             const float c = counts[s][r];
             prefetch_state(p, r + EBB_AHEAD);
-            for (int64_t j = 0; j < d; j++) g[j] = axpy(o, g[j] / c, l2, x[j]);
+            if (row_sum) { /* torch's g.add_(x * (count * l2)): two roundings, never fused */
+                const float lc = c * l2;
+                for (int64_t j = 0; j < d; j++) g[j] = g[j] + x[j] * lc;
+            } else {
+                for (int64_t j = 0; j < d; j++) g[j] = axpy(o, g[j] / c, l2, x[j]);
+            }
             optimise_row(o, p, r);
         }
     }
@@ -406,16 +412,16 @@ int ebb_simd_enabled(void); /* kernels.c */
  * to the compiler (unrolled, no remainder loops). */
 EBB_BODY int pmf_step_ranked(const ebb_param *u, const ebb_param *i, int64_t rank, const int64_t *uo,
                              const int64_t *io, const float *y, int64_t n, const float *uc, const float *ic, float mu,
-                             float l2, const ebb_optim *o, double *loss) {
-    if (rank == 20) return pmf_step(u, i, 20, uo, io, y, n, uc, ic, mu, l2, o, loss);
-    return pmf_step(u, i, rank, uo, io, y, n, uc, ic, mu, l2, o, loss);
+                             float l2, int sum, const ebb_optim *o, double *loss) {
+    if (rank == 20) return pmf_step(u, i, 20, uo, io, y, n, uc, ic, mu, l2, sum, o, loss);
+    return pmf_step(u, i, rank, uo, io, y, n, uc, ic, mu, l2, sum, o, loss);
 }
 
 EBB_DISPATCH(pmf_step_ranked,
              (const ebb_param *u, const ebb_param *i, int64_t rank, const int64_t *uo, const int64_t *io,
-              const float *y, int64_t n, const float *uc, const float *ic, float mu, float l2, const ebb_optim *o,
-              double *loss),
-             (u, i, rank, uo, io, y, n, uc, ic, mu, l2, o, loss))
+              const float *y, int64_t n, const float *uc, const float *ic, float mu, float l2, int sum,
+              const ebb_optim *o, double *loss),
+             (u, i, rank, uo, io, y, n, uc, ic, mu, l2, sum, o, loss))
 EBB_DISPATCH(sparse_lr_step,
              (const ebb_param *w, const ebb_param *b, const int64_t *fo, const int64_t *so, const float *x,
               int64_t nnz, const float *y, int64_t n, float l2, float *scratch, const ebb_optim *o, double *loss),
@@ -427,15 +433,16 @@ EBB_DISPATCH(add_rows,
 
 /* One PMF step: user and item hold the replica's tables and the batch's unique rows;
  * user_of / item_of [n] say which of those rows each rating has, user_count / item_count
- * how many ratings each row has. Writes each side's base and delta [k][rank + 1], advances
+ * how many ratings each row has; row_sum: a row's gradient sums its ratings' (else their mean).
+ * Writes each side's base and delta [k][rank + 1], advances
  * the optimiser's state of those rows, and sets *loss = Σ (r̂ − r)². Returns EBB_DONE, or
  * EBB_BAD_ROW / EBB_BAD_POSITION (a row not in its table, a position not among the rows)
  * with the optimiser's state untouched. */
 int ebb_pmf_step(const ebb_param *user, const ebb_param *item, int64_t rank, const int64_t *user_of,
                  const int64_t *item_of, const float *rating, int64_t n, const float *user_count,
-                 const float *item_count, float mu, float l2, const ebb_optim *opt, double *loss) {
-    return pmf_step_ranked_any(user, item, rank, user_of, item_of, rating, n, user_count, item_count, mu, l2, opt,
-                               loss);
+                 const float *item_count, float mu, float l2, int row_sum, const ebb_optim *opt, double *loss) {
+    return pmf_step_ranked_any(user, item, rank, user_of, item_of, rating, n, user_count, item_count, mu, l2, row_sum,
+                               opt, loss);
 }
 
 /* One sparse LR step on a CSR batch: weight holds the weight table [F][1] and the batch's
