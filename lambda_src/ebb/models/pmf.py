@@ -12,9 +12,10 @@ holds) or their *sum* (``sum``: the gradient of the minibatch's loss, each ratin
 pulling as it does alone, what autograd gives a torch model). Under Adam the two differ
 in how a row's steps are weighted in its moments: ``sum`` weighs a step by the ratings it
 carries, so a row's update follows its data, not the minibatches' composition. Measured
-on the four rating presets (docs/RESULTS.md), ``sum`` validates better at every l2. Where the compiled kernels run, a step is
-one pass of ``ebb.models.compiled`` with the same arithmetic; this torch code is its
-reference and its fallback.
+on the four rating presets (docs/RESULTS.md), ``sum`` validates better at every l2.
+
+Where the compiled kernels run, a step is one pass of ``ebb.models.compiled`` with the
+same arithmetic; this torch code is its reference and its fallback.
 
 Each bias is stored as the last column of its side's table (``user`` is ``[users,
 rank + 1]``): a user's factors and bias always change together, and one row of 21
