@@ -31,7 +31,7 @@ def _ratings(n=400, users=30, items=20, seed=0):
 
 
 def test_pmf_gradients_match_autograd_with_per_row_normalisation():
-    model = PMF(30, 20, rank=4, lr=0.1, momentum=0.0, l2=0.05, init_std=0.3, global_mean=3.0, seed=1)
+    model = PMF(30, 20, rank=4, lr=0.1, momentum=0.0, l2=0.05, init_std=0.3, global_mean=3.0, seed=1, row_grad="mean")
     arrays = _ratings()
     batch = model.to_batch(arrays)
     _, _, grads = model.gradients(batch)
@@ -224,7 +224,9 @@ def test_auc_matches_pairwise_definition():
 
 
 def _plain_torch_pmf_losses(data_dir: str, hp, seed: int, steps: int) -> list[float]:
-    """PMF written as a user would in plain torch: autograd + lazy Nesterov, same minibatches."""
+    """PMF written as a user would in plain torch: autograd of the minibatch's loss (each
+    rating's penalty on its own rows: hyper.row_grad sum, the default) + lazy Nesterov,
+    the same minibatches."""
     store = FolderObjectStore(data_dir)
     manifest = load_manifest(store)
     hp = resolve_hyper("pmf", manifest, hp)  # l2 left unset: the data's default, as the engine's
@@ -245,12 +247,11 @@ def _plain_torch_pmf_losses(data_dir: str, hp, seed: int, steps: int) -> list[fl
         leaves = [p.clone().requires_grad_(True) for p in params]
         err = mu + leaves[2][u] + leaves[3][i] + (leaves[0][u] * leaves[1][i]).sum(1) - r
         losses.append(float(err.detach().square().mean().sqrt()))
-        cu, ci = torch.bincount(u)[u].float(), torch.bincount(i)[i].float()
-        gu = torch.autograd.grad((0.5 * err**2 / cu).sum(), [leaves[0], leaves[2]], retain_graph=True)
-        gi = torch.autograd.grad((0.5 * err**2 / ci).sum(), [leaves[1], leaves[3]])
-        for p, buf, g, idx in zip(params, bufs, (gu[0], gi[0], gu[1], gi[1]), (u, i, u, i)):
+        penalty = sum(leaf[idx].square().sum() for leaf, idx in zip(leaves, (u, i, u, i)))
+        grads = torch.autograd.grad((0.5 * err**2).sum() + 0.5 * hp.l2 * penalty, leaves)
+        for p, buf, g, idx in zip(params, bufs, grads, (u, i, u, i)):
             rows = torch.unique(idx)
-            g_rows = g[rows] + hp.l2 * p[rows]
+            g_rows = g[rows]
             buf[rows] = hp.momentum * buf[rows] + g_rows
             p[rows] -= lr * (g_rows + hp.momentum * buf[rows])
     return losses

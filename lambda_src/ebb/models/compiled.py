@@ -179,11 +179,15 @@ def pmf_update(
     return loss_sum.value, n, update
 
 
-def sparse_lr_update(params: dict[str, torch.Tensor], opt, batch, l2: float) -> tuple[float, int, RowUpdate] | None:
-    """``SparseLR.local_update(batch)`` in one pass (None: the kernels do not run here)."""
+def sparse_lr_update(
+    params: dict[str, torch.Tensor], opt, batch, l2: float, l2_rows: torch.Tensor | None = None
+) -> tuple[float, int, RowUpdate] | None:
+    """``SparseLR.local_update(batch)`` in one pass (None: the kernels do not run here);
+    ``l2_rows``: each feature's own l2 ([k, 1] float32, ``hyper.l2_every_step``) instead of ``l2``."""
     b = batch
     if (
         native._lib is None
+        or (l2_rows is not None and not _usable(torch.float32, l2_rows))
         or not _known(opt, steps_per_row=False)
         or params["weight"].shape[1] != 1
         or not _usable(torch.int64, b.feature_of, b.sample_of)
@@ -209,6 +213,7 @@ def sparse_lr_update(params: dict[str, torch.Tensor], opt, batch, l2: float) -> 
             b.label.data_ptr(),
             n,
             l2,
+            None if l2_rows is None else l2_rows.data_ptr(),
             scratch.data_ptr(),
             ctypes.addressof(o),
             ctypes.byref(loss_sum),
