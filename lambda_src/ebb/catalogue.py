@@ -119,7 +119,10 @@ CATALOGUE: Mapping[str, ModelEntry] = MappingProxyType(
             name="sparse_lr",
             data="sparse",
             reads="Criteo, LibSVM",
-            hyper=MappingProxyType({"lr": 0.01, "l2": 3e-5, "lr_decay": 1.0, "l2_every_step": False}),
+            # l2_every_step: every feature pays the l2 of every step (lazily, at its next touch):
+            # test log-loss 0.5-0.9 % lower at 1 and 4 workers on the Criteo-shaped data, past
+            # torch's dense weight decay (docs/DEFAULTS.md).
+            hyper=MappingProxyType({"lr": 0.01, "l2": 3e-5, "lr_decay": 1.0, "l2_every_step": True}),
             optimizer="adam",
             optimizers=("adam",),
             combine="sum",

@@ -119,6 +119,37 @@ def test_logistic_gradients_match_autograd(cls):
         assert set(rows.tolist()) == set(np.nonzero(x.any(axis=0))[0].tolist())
 
 
+def test_sparse_lr_l2_every_step_charges_the_idle_steps_penalty_at_the_next_touch():
+    """Planted: feature 0 is touched at step 1 and next at step 5 (feature 2 alone in steps
+    2-4). At step 5 its gradient holds 4 steps of λ·w (a dense penalty's gradients over
+    steps 2-5, w unmoved meanwhile), where touched-only l2 holds one; the last-touched steps
+    are checkpointed and a checkpoint without them is refused."""
+    one = lambda f: {  # noqa: E731
+        "label": np.ones(1, np.float32),
+        "indptr": np.array([0, 1], np.int64),
+        "indices": np.array([f], np.int32),
+        "values": np.ones(1, np.float32),
+    }
+    every = SparseLR(4, lr=0.1, l2=0.5, seed=0, l2_every_step=True)
+    plain = SparseLR(4, lr=0.1, l2=0.5, seed=0)
+    for model in (every, plain):
+        for f in (0, 2, 2, 2):
+            model.apply(model.local_update(model.to_batch(one(f)))[2])
+    assert torch.equal(every.params["weight"], plain.params["weight"])  # the first touches: same l2
+    w0 = float(every.params["weight"][0, 0])
+    assert w0 != 0.0
+    g_every = every.gradients(every.to_batch(one(0)))[2]["weight"][1]
+    g_plain = plain.gradients(plain.to_batch(one(0)))[2]["weight"][1]
+    assert float(g_every - g_plain) == pytest.approx(3 * 0.5 * w0, rel=1e-5)
+    state = every.state_arrays()
+    assert state["opt.last.weight"][:, 0].tolist() == [1.0, 0.0, 4.0, 0.0]
+    again = SparseLR(4, lr=0.1, l2=0.5, seed=0, l2_every_step=True)
+    again.load_state_arrays(state)
+    assert torch.equal(again.optimizer.last["weight"], every.optimizer.last["weight"])
+    with pytest.raises(ValueError, match="last.weight"):
+        again.load_state_arrays(plain.state_arrays())
+
+
 def test_sparse_sgd_nesterov_matches_torch_sgd_when_all_rows_touched():
     torch.manual_seed(0)
     x0 = torch.randn(6, 3)

@@ -191,11 +191,14 @@ def test_pmf_lazy_adam_matches_the_torch_path_within_float32_rounding(monkeypatc
     assert np.mean(exact_share) > 0.5
 
 
-@pytest.mark.parametrize("l2", [1e-3, 0.0])
+@pytest.mark.parametrize("l2, every_step", [(1e-3, False), (0.0, False), (1e-3, True)])
 @pytest.mark.parametrize("features, nnz_per_row", [(50, 6), (5_000, 20), (200, 1)])
-def test_sparse_lr_matches_the_torch_path_within_float32_rounding(monkeypatch, library, l2, features, nnz_per_row):
+def test_sparse_lr_matches_the_torch_path_within_float32_rounding(
+    monkeypatch, library, l2, every_step, features, nnz_per_row
+):
+    """(hyper.l2_every_step: the same per-feature l2, and the same last-touched steps, bit for bit.)"""
     rng = np.random.default_rng(features + nnz_per_row)
-    fast = SparseLR(features, lr=0.05, l2=l2, seed=0)
+    fast = SparseLR(features, lr=0.05, l2=l2, seed=0, l2_every_step=every_step)
     fast.params["weight"].normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
     slow = copy.deepcopy(fast)
     for _ in range(8):
@@ -281,7 +284,8 @@ def test_pmf_trained_for_many_steps_ends_where_the_torch_path_does(monkeypatch, 
             torch.testing.assert_close(fast.params[name], param, rtol=0, atol=1e-4)
 
 
-def test_sparse_lr_trained_for_many_steps_ends_where_the_torch_path_does(monkeypatch, library):
+@pytest.mark.parametrize("every_step", [False, True])
+def test_sparse_lr_trained_for_many_steps_ends_where_the_torch_path_does(monkeypatch, library, every_step):
     """300 steps, each path on its own replica: weights within 1e-4, loss within 1e-5."""
     rng = np.random.default_rng(10)
     truth = rng.standard_normal(400).astype(np.float32)
@@ -292,7 +296,7 @@ def test_sparse_lr_trained_for_many_steps_ends_where_the_torch_path_does(monkeyp
         logits = np.bincount(sample, weights=truth[b["indices"]] * b["values"], minlength=256)
         b["label"] = (rng.random(256) < 1 / (1 + np.exp(-logits))).astype(np.float32)
         arrays.append(b)
-    fast = SparseLR(400, lr=0.02, l2=1e-4, seed=0)
+    fast = SparseLR(400, lr=0.02, l2=1e-4, seed=0, l2_every_step=every_step)
     slow = copy.deepcopy(fast)
     losses = {"fast": [], "slow": []}
     for step in range(300):

@@ -180,14 +180,15 @@ def pmf_update(
 
 
 def sparse_lr_update(
-    params: dict[str, torch.Tensor], opt, batch, l2: float, l2_rows: torch.Tensor | None = None
+    params: dict[str, torch.Tensor], opt, batch, l2: float, last: torch.Tensor | None = None
 ) -> tuple[float, int, RowUpdate] | None:
-    """``SparseLR.local_update(batch)`` in one pass (None: the kernels do not run here);
-    ``l2_rows``: each feature's own l2 ([k, 1] float32, ``hyper.l2_every_step``) instead of ``l2``."""
+    """``SparseLR.local_update(batch)`` in one pass (None: the kernels do not run here).
+    ``last``: the step each feature was last touched ([F, 1] float64, ``hyper.l2_every_step``):
+    a feature's l2 is ``l2`` × the steps since, and the step's features are marked touched."""
     b = batch
     if (
         native._lib is None
-        or (l2_rows is not None and not _usable(torch.float32, l2_rows))
+        or (last is not None and not (_usable(torch.float64, last) and last.shape[0] == params["weight"].shape[0]))
         or not _known(opt, steps_per_row=False)
         or params["weight"].shape[1] != 1
         or not _usable(torch.int64, b.feature_of, b.sample_of)
@@ -213,7 +214,9 @@ def sparse_lr_update(
             b.label.data_ptr(),
             n,
             l2,
-            None if l2_rows is None else l2_rows.data_ptr(),
+            None if last is None else last.data_ptr(),
+            l2,
+            float(opt.steps),
             scratch.data_ptr(),
             ctypes.addressof(o),
             ctypes.byref(loss_sum),

@@ -65,15 +65,6 @@ class _Logistic(Model):
             return None
         return self.optimizer.steps_since_touched("weight", rows).mul_(self.l2).to(torch.float32)
 
-    def local_update(self, batch):
-        out = self._update(batch)
-        if self.l2_every_step:
-            self.optimizer.touched("weight", out[2].rows["weight"][0])
-        return out
-
-    def _update(self, batch):
-        return super().local_update(batch)
-
     def _grads(self, logits, label, weight_rows, feature_grad_fn):
         loss_sum = float(F.binary_cross_entropy_with_logits(logits, label, reduction="sum"))
         n = int(label.numel())
@@ -106,11 +97,17 @@ class SparseLR(_Logistic):
             torch.from_numpy(arrays["label"].astype(np.float32)),
         )
 
-    def _update(self, batch: SparseBatch):
-        """In one compiled pass where the kernels run (``ebb.models.compiled``), else in torch."""
-        l2_rows = self._l2_rows(batch.features)
-        fused = compiled.sparse_lr_update(self.params, self.optimizer, batch, self.l2, l2_rows)
-        return fused if fused is not None else super()._update(batch)
+    def local_update(self, batch: SparseBatch):
+        """In one compiled pass where the kernels run (``ebb.models.compiled``), else in torch
+        (which then records the step's touches for ``l2_every_step``, as the kernel does)."""
+        last = self.optimizer.last.get("weight")
+        fused = compiled.sparse_lr_update(self.params, self.optimizer, batch, self.l2, last)
+        if fused is not None:
+            return fused
+        out = super().local_update(batch)
+        if last is not None:
+            self.optimizer.touched("weight", batch.features)
+        return out
 
     def _logits(self, b: SparseBatch):
         w = self.params["weight"].index_select(0, b.features)[:, 0]

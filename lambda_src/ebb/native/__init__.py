@@ -53,7 +53,23 @@ def _load(path: Path = LIBRARY) -> ctypes.CDLL | None:
         lib.ebb_pmf_step.restype = ctypes.c_int
         lib.ebb_pmf_step.argtypes = (_P, _P, _I, _P, _P, _P, _I, _P, _P, _F, _F, ctypes.c_int, _P, _P)
         lib.ebb_sparse_lr_step.restype = ctypes.c_int
-        lib.ebb_sparse_lr_step.argtypes = (_P, _P, _P, _P, _P, _I, _P, _I, _F, _P, _P, _P, _P)
+        lib.ebb_sparse_lr_step.argtypes = (
+            _P,
+            _P,
+            _P,
+            _P,
+            _P,
+            _I,
+            _P,
+            _I,
+            _F,
+            _P,
+            ctypes.c_double,
+            ctypes.c_double,
+            _P,
+            _P,
+            _P,
+        )
         lib.ebb_add_rows.restype = ctypes.c_int
         lib.ebb_add_rows.argtypes = (_P, _I, _I, _P, _I, _P, _F, _P)
         lib.ebb_apply_payloads.restype = _I

@@ -333,12 +333,14 @@ EBB_BODY int sparse_lr_any_order(const float *restrict w, int64_t kf, float b, c
 
 /* Sparse LR (ebb.models.logistic): logit = Σ w_f·x_f + b over a sample's non-zeros;
  * the gradient is the mean of (σ(logit) − y)·x, plus l2 × w for the weights (not the
- * bias), or l2_rows[r] × w with a row's own l2 (hyper.l2_every_step; NULL: none). `scratch`
- * holds n floats. *loss = Σ the samples' binary cross-entropy. */
+ * bias). With `last` (hyper.l2_every_step; NULL: off) a feature's l2 is l2_d × the steps
+ * since it was last touched, now − last[f], rounded to float32 as the torch path rounds it,
+ * and last[f] becomes now. `scratch` holds n floats. *loss = Σ the samples' binary
+ * cross-entropy. */
 EBB_BODY int sparse_lr_step(const ebb_param *restrict weight, const ebb_param *restrict bias,
                             const int64_t *restrict feature_of, const int64_t *restrict sample_of,
                             const float *restrict values, int64_t nnz, const float *restrict label, int64_t n,
-                            float l2, const float *restrict l2_rows, float *restrict scratch,
+                            float l2, double *restrict last, double l2_d, double now, float *restrict scratch,
                             const ebb_optim *restrict o, double *restrict loss_out) {
     if (gather(weight) || gather(bias)) return EBB_BAD_ROW;
     const int64_t kf = weight->k;
@@ -355,8 +357,13 @@ EBB_BODY int sparse_lr_step(const ebb_param *restrict weight, const ebb_param *r
                                       scratch);
     }
     if (outcome != EBB_DONE) return outcome;
-    if (l2_rows) { /* torch's g.add_(w * l2_rows): two roundings, never fused */
-        for (int64_t r = 0; r < kf; r++) gw[r] = gw[r] + w[r] * l2_rows[r];
+    if (last) { /* torch's g.add_(w * l2_rows): two roundings, never fused */
+        for (int64_t r = 0; r < kf; r++) {
+            const int64_t f = weight->rows[r];
+            const float l2_r = (float)((-last[f] + now) * l2_d);
+            last[f] = now;
+            gw[r] = gw[r] + w[r] * l2_r;
+        }
     } else {
         for (int64_t r = 0; r < kf; r++) gw[r] = axpy(o, gw[r], l2, w[r]);
     }
@@ -430,9 +437,9 @@ EBB_DISPATCH(pmf_step_ranked,
              (u, i, rank, uo, io, y, n, uc, ic, mu, l2, sum, o, loss))
 EBB_DISPATCH(sparse_lr_step,
              (const ebb_param *w, const ebb_param *b, const int64_t *fo, const int64_t *so, const float *x,
-              int64_t nnz, const float *y, int64_t n, float l2, const float *l2r, float *scratch, const ebb_optim *o,
-              double *loss),
-             (w, b, fo, so, x, nnz, y, n, l2, l2r, scratch, o, loss))
+              int64_t nnz, const float *y, int64_t n, float l2, double *last, double l2_d, double now, float *scratch,
+              const ebb_optim *o, double *loss),
+             (w, b, fo, so, x, nnz, y, n, l2, last, l2_d, now, scratch, o, loss))
 EBB_DISPATCH(add_rows,
              (float *t, int64_t n_rows, int64_t dim, const int64_t *rows, int64_t k, const float *v, float scale,
               const ebb_optim *o),
@@ -454,15 +461,16 @@ int ebb_pmf_step(const ebb_param *user, const ebb_param *item, int64_t rank, con
 
 /* One sparse LR step on a CSR batch: weight holds the weight table [F][1] and the batch's
  * unique features; feature_of / sample_of [nnz] say which of them and which sample each
- * non-zero has; bias is the [1][1] table with its one row; l2_rows (or NULL) a feature's own
- * l2, [k], in place of l2. Writes both bases and deltas,
+ * non-zero has; bias is the [1][1] table with its one row; last (or NULL) the step each
+ * feature was last touched, [F], now the current step (see sparse_lr_step). Writes both bases and deltas,
  * advances the optimiser's state of those rows and sets *loss = Σ log-loss. Returns as
  * ebb_pmf_step. */
 int ebb_sparse_lr_step(const ebb_param *weight, const ebb_param *bias, const int64_t *feature_of,
                        const int64_t *sample_of, const float *values, int64_t nnz, const float *label, int64_t n,
-                       float l2, const float *l2_rows, float *scratch, const ebb_optim *opt, double *loss) {
-    return sparse_lr_step_any(weight, bias, feature_of, sample_of, values, nnz, label, n, l2, l2_rows, scratch, opt,
-                              loss);
+                       float l2, double *last, double l2_d, double now, float *scratch, const ebb_optim *opt,
+                       double *loss) {
+    return sparse_lr_step_any(weight, bias, feature_of, sample_of, values, nnz, label, n, l2, last, l2_d, now, scratch,
+                              opt, loss);
 }
 
 /* table[rows] += scale · vals for a float32 table [n_rows][dim] and unique rows [k]; only
