@@ -129,5 +129,5 @@ def _require(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) 
     if missing:
         raise ValueError(
             f"the saved optimiser state has no {', '.join(missing)} (it holds {', '.join(sorted(state))}):"
-            " was it written with another hyper.optimizer?"
+            " was it written with another hyper.optimizer (or, for sparse LR, hyper.l2_every_step)?"
         )
