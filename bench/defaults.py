@@ -51,8 +51,8 @@ SYNC_KEYS = ("significance",)  # arm keys that go to sync.*, the rest to hyper.*
 
 
 def _value(key: str, text: str):
-    """A setting's value: an int (rank, cold_k), a word (optimizer) or a float."""
-    return int(text) if key in ("rank", "cold_k") else text if key == "optimizer" else float(text)
+    """A setting's value: an int (rank, cold_k), a word (optimizer, row_grad) or a float."""
+    return int(text) if key in ("rank", "cold_k") else text if key in ("optimizer", "row_grad") else float(text)
 
 
 def parse_settings(text: str) -> dict:

@@ -487,9 +487,9 @@ def parse_candidate(text: str) -> dict:
     out = {}
     for item in text.split(","):
         key, _, value = item.partition("=")
-        if key not in ("l2", "lr", "momentum", "lr_decay", "rank", "init_std", "cold_k"):
+        if key not in ("l2", "lr", "momentum", "lr_decay", "rank", "init_std", "cold_k", "row_grad"):
             raise SystemExit(f"--candidate: unknown field {key!r}")
-        out[key] = int(value) if key in ("rank", "cold_k") else float(value)
+        out[key] = int(value) if key in ("rank", "cold_k") else value if key == "row_grad" else float(value)
     return out
 
 

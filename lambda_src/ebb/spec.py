@@ -105,6 +105,18 @@ class HyperParams(_Strict):
         "pace (steps: minibatches, / workers under sync.combine sum)",
         json_schema_extra=shown(per_model_hyper("lr_decay")),
     )
+    row_grad: Literal["mean", "sum"] | None = Field(
+        None,
+        description="PMF: a row that recurs in a minibatch gets the mean of its ratings' gradients, or their sum "
+        "(the minibatch loss's gradient: under Adam a step weighs as many ratings as it carries)",
+        json_schema_extra=shown(per_model_hyper("row_grad")),
+    )
+    l2_every_step: bool | None = Field(
+        None,
+        description="sparse LR: the l2 penalty of every step on every feature, paid lazily (a feature "
+        "untouched for k - 1 steps gets k × l2 × w when next touched); else only touched features pay it",
+        json_schema_extra=shown(per_model_hyper("l2_every_step")),
+    )
     cold_k: int | None = Field(
         None,
         ge=0,
@@ -418,6 +430,10 @@ class JobSpec(_Strict):
         for key, value in row.hyper.items():
             if getattr(self.hyper, key) is None:
                 setattr(self.hyper, key, value)
+        for key in ("row_grad", "l2_every_step"):  # one model's own settings
+            if getattr(self.hyper, key) is not None and key not in row.hyper:
+                owner = next(name for name, r in CATALOGUE.items() if key in r.hyper)
+                raise ValueError(f"hyper.{key}: a setting of model {owner} only, not {self.model}")
         if self.scaling.min_workers > self.workers:
             self.scaling.min_workers = self.workers
         if self.stop.target_val is not None and self.stop.eval_every is None:

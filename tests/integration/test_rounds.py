@@ -86,6 +86,21 @@ def test_lazy_adam_state_crosses_round_boundaries_exactly(small_ratings, redis_u
     assert np.count_nonzero(arrays["opt.v.item"]) > 0
 
 
+def test_sparse_lr_last_touched_steps_cross_round_boundaries_exactly(small_logistic, redis_url, tmp_path):
+    """Sparse LR with hyper.l2_every_step (its default): the step each feature was last
+    touched is optimiser state, checkpointed, so a job cut into rounds ends the same."""
+    data_dir, _ = small_logistic
+    fields = {"model": "sparse_lr", "sync.mode": "isp", "stop.max_epochs": 2, "redis_urls": [redis_url]}
+    whole, whole_model = run_local(_spec(data_dir, tmp_path / "whole", **fields))
+    cut, cut_model = run_local(_spec(data_dir, tmp_path / "cut", round_steps=4, **fields))
+    assert whole["spec"]["hyper"]["l2_every_step"] is True and cut["rounds"] >= 3
+    assert [h["loss"] for h in cut["history"]] == [h["loss"] for h in whole["history"]]
+    assert _same_model(cut_model, whole_model)
+    ckpts = FolderObjectStore(tmp_path / "cut" / "checkpoints")
+    _, arrays = checkpoint.read_worker(ckpts, worker_key(checkpoint.latest(ckpts)["round"], 0))
+    assert 0 < arrays["opt.last.weight"].max() <= cut["steps"]
+
+
 def test_rounds_timed_by_round_seconds_change_nothing_either(small_ratings, tmp_path):
     """Worker processes over the job's own redis-server; the round ends by the clock."""
     data_dir, _ = small_ratings

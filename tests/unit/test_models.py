@@ -31,7 +31,7 @@ def _ratings(n=400, users=30, items=20, seed=0):
 
 
 def test_pmf_gradients_match_autograd_with_per_row_normalisation():
-    model = PMF(30, 20, rank=4, lr=0.1, momentum=0.0, l2=0.05, init_std=0.3, global_mean=3.0, seed=1)
+    model = PMF(30, 20, rank=4, lr=0.1, momentum=0.0, l2=0.05, init_std=0.3, global_mean=3.0, seed=1, row_grad="mean")
     arrays = _ratings()
     batch = model.to_batch(arrays)
     _, _, grads = model.gradients(batch)
@@ -57,6 +57,31 @@ def test_pmf_gradients_match_autograd_with_per_row_normalisation():
         untouched = torch.ones(model.params[name].shape[0], dtype=torch.bool)
         untouched[rows] = False
         assert torch.all(g[name][untouched] == 0)
+
+
+def test_pmf_row_grad_sum_is_the_autograd_gradient_of_the_minibatch_loss():
+    """hyper.row_grad sum: a row's gradient is that of Σ ½(r̂ − r)² + ½λ(|U_u|² + |V_i|²) over
+    the batch's ratings, each rating's penalty on its own rows (planted repeats: 400 ratings
+    over 30 users and 20 items); a row seen once gets what the mean gives it."""
+    model = PMF(30, 20, rank=4, lr=0.1, momentum=0.0, l2=0.05, init_std=0.3, global_mean=3.0, seed=1, row_grad="sum")
+    arrays = _ratings()
+    _, _, grads = model.gradients(model.to_batch(arrays))
+    u, i = torch.from_numpy(arrays["user"]).long(), torch.from_numpy(arrays["item"]).long()
+    p = {k: v.clone().requires_grad_(True) for k, v in model.params.items()}
+    U, V = p["user"], p["item"]
+    err = 3.0 + U[u, 4] + V[i, 4] + (U[u, :4] * V[i, :4]).sum(1) - torch.from_numpy(arrays["rating"])
+    loss = (0.5 * err**2).sum() + 0.5 * 0.05 * (U[u].square().sum() + V[i].square().sum())
+    want = dict(zip(p, torch.autograd.grad(loss, list(p.values()))))
+    for name, (rows, grad, *_) in grads.items():
+        torch.testing.assert_close(grad, want[name][rows], rtol=1e-5, atol=1e-5)
+    once = PMF(30, 20, rank=4, lr=0.1, momentum=0.0, l2=0.05, init_std=0.3, global_mean=3.0, seed=1)
+    single = {k: v[:1] for k, v in arrays.items()}
+    for (_, g_sum, *_), (_, g_mean, *_) in zip(
+        model.gradients(model.to_batch(single))[2].values(), once.gradients(once.to_batch(single))[2].values()
+    ):
+        torch.testing.assert_close(g_sum, g_mean)
+    with pytest.raises(ValueError, match="row_grad"):
+        PMF(3, 2, rank=1, lr=0.1, momentum=0.0, l2=0.0, init_std=0.1, global_mean=0.0, seed=0, row_grad="max")
 
 
 @pytest.mark.parametrize("cls", [SparseLR, DenseLR])
@@ -92,6 +117,37 @@ def test_logistic_gradients_match_autograd(cls):
     assert loss_sum / count == pytest.approx(float(bce.detach()), rel=1e-5)
     if cls is SparseLR:
         assert set(rows.tolist()) == set(np.nonzero(x.any(axis=0))[0].tolist())
+
+
+def test_sparse_lr_l2_every_step_charges_the_idle_steps_penalty_at_the_next_touch():
+    """Planted: feature 0 is touched at step 1 and next at step 5 (feature 2 alone in steps
+    2-4). At step 5 its gradient holds 4 steps of λ·w (a dense penalty's gradients over
+    steps 2-5, w unmoved meanwhile), where touched-only l2 holds one; the last-touched steps
+    are checkpointed and a checkpoint without them is refused."""
+    one = lambda f: {  # noqa: E731
+        "label": np.ones(1, np.float32),
+        "indptr": np.array([0, 1], np.int64),
+        "indices": np.array([f], np.int32),
+        "values": np.ones(1, np.float32),
+    }
+    every = SparseLR(4, lr=0.1, l2=0.5, seed=0, l2_every_step=True)
+    plain = SparseLR(4, lr=0.1, l2=0.5, seed=0)
+    for model in (every, plain):
+        for f in (0, 2, 2, 2):
+            model.apply(model.local_update(model.to_batch(one(f)))[2])
+    assert torch.equal(every.params["weight"], plain.params["weight"])  # the first touches: same l2
+    w0 = float(every.params["weight"][0, 0])
+    assert w0 != 0.0
+    g_every = every.gradients(every.to_batch(one(0)))[2]["weight"][1]
+    g_plain = plain.gradients(plain.to_batch(one(0)))[2]["weight"][1]
+    assert float(g_every - g_plain) == pytest.approx(3 * 0.5 * w0, rel=1e-5)
+    state = every.state_arrays()
+    assert state["opt.last.weight"][:, 0].tolist() == [1.0, 0.0, 4.0, 0.0]
+    again = SparseLR(4, lr=0.1, l2=0.5, seed=0, l2_every_step=True)
+    again.load_state_arrays(state)
+    assert torch.equal(again.optimizer.last["weight"], every.optimizer.last["weight"])
+    with pytest.raises(ValueError, match="last.weight"):
+        again.load_state_arrays(plain.state_arrays())
 
 
 def test_sparse_sgd_nesterov_matches_torch_sgd_when_all_rows_touched():
@@ -199,7 +255,9 @@ def test_auc_matches_pairwise_definition():
 
 
 def _plain_torch_pmf_losses(data_dir: str, hp, seed: int, steps: int) -> list[float]:
-    """PMF written as a user would in plain torch: autograd + lazy Nesterov, same minibatches."""
+    """PMF written as a user would in plain torch: autograd of the minibatch's loss (each
+    rating's penalty on its own rows: hyper.row_grad sum, the default) + lazy Nesterov,
+    the same minibatches."""
     store = FolderObjectStore(data_dir)
     manifest = load_manifest(store)
     hp = resolve_hyper("pmf", manifest, hp)  # l2 left unset: the data's default, as the engine's
@@ -220,12 +278,11 @@ def _plain_torch_pmf_losses(data_dir: str, hp, seed: int, steps: int) -> list[fl
         leaves = [p.clone().requires_grad_(True) for p in params]
         err = mu + leaves[2][u] + leaves[3][i] + (leaves[0][u] * leaves[1][i]).sum(1) - r
         losses.append(float(err.detach().square().mean().sqrt()))
-        cu, ci = torch.bincount(u)[u].float(), torch.bincount(i)[i].float()
-        gu = torch.autograd.grad((0.5 * err**2 / cu).sum(), [leaves[0], leaves[2]], retain_graph=True)
-        gi = torch.autograd.grad((0.5 * err**2 / ci).sum(), [leaves[1], leaves[3]])
-        for p, buf, g, idx in zip(params, bufs, (gu[0], gi[0], gu[1], gi[1]), (u, i, u, i)):
+        penalty = sum(leaf[idx].square().sum() for leaf, idx in zip(leaves, (u, i, u, i)))
+        grads = torch.autograd.grad((0.5 * err**2).sum() + 0.5 * hp.l2 * penalty, leaves)
+        for p, buf, g, idx in zip(params, bufs, grads, (u, i, u, i)):
             rows = torch.unique(idx)
-            g_rows = g[rows] + hp.l2 * p[rows]
+            g_rows = g[rows]
             buf[rows] = hp.momentum * buf[rows] + g_rows
             p[rows] -= lr * (g_rows + hp.momentum * buf[rows])
     return losses

@@ -78,6 +78,7 @@ def _pmf(
     momentum: float = 0.9,
     l2: float = 0.05,
     lr: float | None = None,
+    row_grad: str = "mean",
 ) -> PMF:
     return PMF(
         users,
@@ -90,6 +91,7 @@ def _pmf(
         global_mean=3.0,
         seed=rank,
         optimizer=optimizer,
+        row_grad=row_grad,
     )
 
 
@@ -146,11 +148,15 @@ def test_pmf_sgd_gives_the_torch_paths_bits(monkeypatch, library, rank, momentum
 
 @pytest.mark.parametrize("users, items", [(1, 1), (3, 200), (500, 2)])
 @pytest.mark.parametrize("l2", [0.05, 0.0])
-def test_pmf_repeated_ids_accumulate_as_torch_does(monkeypatch, library, users, items, l2):
-    """One user (or item) in every rating of a batch: its gradient is the mean of all of them."""
+@pytest.mark.parametrize("row_grad", ["mean", "sum"])
+def test_pmf_repeated_ids_accumulate_as_torch_does(monkeypatch, library, users, items, l2, row_grad):
+    """One user (or item) in every rating of a batch: its gradient is the mean (or the sum,
+    hyper.row_grad) of all of them."""
     rng = np.random.default_rng(users + items)
     for optimizer in ("sgd_momentum", "adam"):
-        fast = _pmf(20, optimizer, users=users, items=items, l2=l2)
+        fast = _pmf(
+            20, optimizer, users=users, items=items, l2=l2, row_grad=row_grad, lr=0.001 if row_grad == "sum" else None
+        )
         slow = copy.deepcopy(fast)
         for _ in range(3):
             batch = fast.to_batch(_ratings(rng, 300, users, items))
@@ -185,11 +191,14 @@ def test_pmf_lazy_adam_matches_the_torch_path_within_float32_rounding(monkeypatc
     assert np.mean(exact_share) > 0.5
 
 
-@pytest.mark.parametrize("l2", [1e-3, 0.0])
+@pytest.mark.parametrize("l2, every_step", [(1e-3, False), (0.0, False), (1e-3, True)])
 @pytest.mark.parametrize("features, nnz_per_row", [(50, 6), (5_000, 20), (200, 1)])
-def test_sparse_lr_matches_the_torch_path_within_float32_rounding(monkeypatch, library, l2, features, nnz_per_row):
+def test_sparse_lr_matches_the_torch_path_within_float32_rounding(
+    monkeypatch, library, l2, every_step, features, nnz_per_row
+):
+    """(hyper.l2_every_step: the same per-feature l2, and the same last-touched steps, bit for bit.)"""
     rng = np.random.default_rng(features + nnz_per_row)
-    fast = SparseLR(features, lr=0.05, l2=l2, seed=0)
+    fast = SparseLR(features, lr=0.05, l2=l2, seed=0, l2_every_step=every_step)
     fast.params["weight"].normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
     slow = copy.deepcopy(fast)
     for _ in range(8):
@@ -244,10 +253,10 @@ def test_empty_batches(monkeypatch, library):
         _same_state(fast, slow, exact=False)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd_momentum", "adam"])
-def test_pmf_trained_for_many_steps_ends_where_the_torch_path_does(monkeypatch, library, optimizer):
+@pytest.mark.parametrize("optimizer, row_grad", [("sgd_momentum", "mean"), ("adam", "mean"), ("adam", "sum")])
+def test_pmf_trained_for_many_steps_ends_where_the_torch_path_does(monkeypatch, library, optimizer, row_grad):
     """300 steps, each path on its own replica: SGD ends on torch's bits; lazy Adam within
-    1e-4 of each parameter and 1e-5 of the training loss."""
+    1e-4 of each parameter and 1e-5 of the training loss (either hyper.row_grad)."""
     rng = np.random.default_rng(9)
     truth_u, truth_i = rng.standard_normal((120, 3)), rng.standard_normal((80, 3))
     arrays = [_ratings(rng, 256, 120, 80) for _ in range(30)]
@@ -255,7 +264,9 @@ def test_pmf_trained_for_many_steps_ends_where_the_torch_path_does(monkeypatch, 
         a["rating"] = (3.0 + (truth_u[a["user"]] * truth_i[a["item"]]).sum(1) + 0.1 * rng.standard_normal(256)).astype(
             np.float32
         )
-    fast = _pmf(20, optimizer, users=120, items=80, momentum=0.8, lr=0.01 if optimizer == "adam" else 0.02)
+    fast = _pmf(
+        20, optimizer, users=120, items=80, momentum=0.8, lr=0.01 if optimizer == "adam" else 0.02, row_grad=row_grad
+    )
     slow = copy.deepcopy(fast)
     losses = {"fast": [], "slow": []}
     for step in range(300):
@@ -273,7 +284,8 @@ def test_pmf_trained_for_many_steps_ends_where_the_torch_path_does(monkeypatch, 
             torch.testing.assert_close(fast.params[name], param, rtol=0, atol=1e-4)
 
 
-def test_sparse_lr_trained_for_many_steps_ends_where_the_torch_path_does(monkeypatch, library):
+@pytest.mark.parametrize("every_step", [False, True])
+def test_sparse_lr_trained_for_many_steps_ends_where_the_torch_path_does(monkeypatch, library, every_step):
     """300 steps, each path on its own replica: weights within 1e-4, loss within 1e-5."""
     rng = np.random.default_rng(10)
     truth = rng.standard_normal(400).astype(np.float32)
@@ -284,7 +296,7 @@ def test_sparse_lr_trained_for_many_steps_ends_where_the_torch_path_does(monkeyp
         logits = np.bincount(sample, weights=truth[b["indices"]] * b["values"], minlength=256)
         b["label"] = (rng.random(256) < 1 / (1 + np.exp(-logits))).astype(np.float32)
         arrays.append(b)
-    fast = SparseLR(400, lr=0.02, l2=1e-4, seed=0)
+    fast = SparseLR(400, lr=0.02, l2=1e-4, seed=0, l2_every_step=every_step)
     slow = copy.deepcopy(fast)
     losses = {"fast": [], "slow": []}
     for step in range(300):

@@ -79,11 +79,13 @@ def build_model(name: str, manifest, hp, seed: int) -> Model:
             rating_range=rating_range(manifest),
             optimizer=hp.optimizer or entry(name).optimizer,
             cold_k=int(hp.cold_k or 0),
+            row_grad=str(hp.row_grad or entry(name).hyper["row_grad"]),
         )
     from ebb.models.logistic import DenseLR, SparseLR
 
-    cls = SparseLR if name == "sparse_lr" else DenseLR
-    return cls(manifest.num_features, lr=hp.lr, l2=hp.l2, seed=seed)
+    if name == "sparse_lr":
+        return SparseLR(manifest.num_features, lr=hp.lr, l2=hp.l2, seed=seed, l2_every_step=bool(hp.l2_every_step))
+    return DenseLR(manifest.num_features, lr=hp.lr, l2=hp.l2, seed=seed)
 
 
 __all__ = [

@@ -129,9 +129,10 @@ def _param(table: torch.Tensor, rows: torch.Tensor, opt, name: str) -> tuple[_Pa
 
 
 def pmf_update(
-    params: dict[str, torch.Tensor], opt, batch, rank: int, mu: float, l2: float
+    params: dict[str, torch.Tensor], opt, batch, rank: int, mu: float, l2: float, row_sum: bool = False
 ) -> tuple[float, int, RowUpdate] | None:
-    """``PMF.local_update(batch)`` in one pass (None: the kernels do not run here)."""
+    """``PMF.local_update(batch)`` in one pass (None: the kernels do not run here);
+    ``row_sum``: a recurring row's gradient is the sum of its ratings' (``hyper.row_grad``)."""
     b = batch
     if (
         native._lib is None
@@ -163,6 +164,7 @@ def pmf_update(
             b.item_count.data_ptr(),
             mu,
             l2,
+            int(row_sum),
             ctypes.addressof(o),
             ctypes.byref(loss_sum),
         ),
@@ -177,11 +179,16 @@ def pmf_update(
     return loss_sum.value, n, update
 
 
-def sparse_lr_update(params: dict[str, torch.Tensor], opt, batch, l2: float) -> tuple[float, int, RowUpdate] | None:
-    """``SparseLR.local_update(batch)`` in one pass (None: the kernels do not run here)."""
+def sparse_lr_update(
+    params: dict[str, torch.Tensor], opt, batch, l2: float, last: torch.Tensor | None = None
+) -> tuple[float, int, RowUpdate] | None:
+    """``SparseLR.local_update(batch)`` in one pass (None: the kernels do not run here).
+    ``last``: the step each feature was last touched ([F, 1] float64, ``hyper.l2_every_step``):
+    a feature's l2 is ``l2`` × the steps since, and the step's features are marked touched."""
     b = batch
     if (
         native._lib is None
+        or (last is not None and not (_usable(torch.float64, last) and last.shape[0] == params["weight"].shape[0]))
         or not _known(opt, steps_per_row=False)
         or params["weight"].shape[1] != 1
         or not _usable(torch.int64, b.feature_of, b.sample_of)
@@ -207,6 +214,9 @@ def sparse_lr_update(params: dict[str, torch.Tensor], opt, batch, l2: float) -> 
             b.label.data_ptr(),
             n,
             l2,
+            None if last is None else last.data_ptr(),
+            l2,
+            float(opt.steps),
             scratch.data_ptr(),
             ctypes.addressof(o),
             ctypes.byref(loss_sum),

@@ -55,9 +55,18 @@ class SparseAdam:
     """
 
     def __init__(
-        self, params: dict[str, torch.Tensor], lr: float, betas=(0.9, 0.999), eps: float = 1e-8, row_steps: bool = False
+        self,
+        params: dict[str, torch.Tensor],
+        lr: float,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        row_steps: bool = False,
+        last_touched: tuple[str, ...] = (),
     ):
         self.lr, (self.beta1, self.beta2), self.eps = lr, betas, eps
+        # The step at which each row of these parameters was last touched (0: never), for a
+        # model that pays per-step costs of the steps a row sat out (sparse LR's hyper.l2_every_step).
+        self.last = {n: torch.zeros(params[n].shape[0], 1, dtype=torch.float64) for n in last_touched}
         self.m = {n: torch.zeros_like(p) for n, p in params.items()}
         self.v = {n: torch.zeros_like(p) for n, p in params.items()}
         # float64 counts: exact far past any job's length, and the bias terms are computed in float64.
@@ -68,6 +77,15 @@ class SparseAdam:
 
     def begin_step(self) -> None:
         self.steps += 1
+
+    def steps_since_touched(self, name: str, rows: torch.Tensor) -> torch.Tensor:
+        """[k, 1] float64: for each row, the steps from its last touch to the coming step
+        (``steps + 1``) — 1 for a row the previous step touched, the whole job for a new one."""
+        return self.last[name].index_select(0, rows).neg_().add_(self.steps + 1)
+
+    def touched(self, name: str, rows: torch.Tensor) -> None:
+        """Record that the current step touched ``rows`` (after ``begin_step``)."""
+        self.last[name].index_fill_(0, rows, float(self.steps))
 
     def delta(self, name: str, rows: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         m_rows = self.m[name].index_select(0, rows).mul_(self.beta1).add_(grad, alpha=1 - self.beta1)
@@ -89,6 +107,7 @@ class SparseAdam:
         out = {f"m.{n}": t for n, t in self.m.items()}
         out.update({f"v.{n}": t for n, t in self.v.items()})
         out.update({f"rowsteps.{n}": t for n, t in (self.row_steps or {}).items()})
+        out.update({f"last.{n}": t for n, t in self.last.items()})
         out["steps"] = torch.tensor([self.steps])
         return out
 
@@ -99,6 +118,8 @@ class SparseAdam:
             self.v[n].copy_(state[f"v.{n}"])
         for n, t in (self.row_steps or {}).items():
             t.copy_(state[f"rowsteps.{n}"])
+        for n, t in self.last.items():
+            t.copy_(state[f"last.{n}"])
         self.steps = int(state["steps"][0])
 
 
@@ -108,5 +129,5 @@ def _require(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) 
     if missing:
         raise ValueError(
             f"the saved optimiser state has no {', '.join(missing)} (it holds {', '.join(sorted(state))}):"
-            " was it written with another hyper.optimizer?"
+            " was it written with another hyper.optimizer (or, for sparse LR, hyper.l2_every_step)?"
         )

@@ -28,7 +28,7 @@ from ebb.native.build import LIBRARY
 
 _FORMS = {None: 0, "q8": 1, "f16": 2}  # the kernel's `quantize` argument
 
-KERNELS_VERSION = 9  # kernels.c's ebb_kernels_version(): a library that says otherwise is stale
+KERNELS_VERSION = 10  # kernels.c's ebb_kernels_version(): a library that says otherwise is stale
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -51,9 +51,25 @@ def _load(path: Path = LIBRARY) -> ctypes.CDLL | None:
         lib.ebb_isp_filter.argtypes = (_P, _I, _P, _I, _P, _P, ctypes.c_float, ctypes.c_int, _P, _P, _P, _P, _P)
         _F = ctypes.c_float
         lib.ebb_pmf_step.restype = ctypes.c_int
-        lib.ebb_pmf_step.argtypes = (_P, _P, _I, _P, _P, _P, _I, _P, _P, _F, _F, _P, _P)
+        lib.ebb_pmf_step.argtypes = (_P, _P, _I, _P, _P, _P, _I, _P, _P, _F, _F, ctypes.c_int, _P, _P)
         lib.ebb_sparse_lr_step.restype = ctypes.c_int
-        lib.ebb_sparse_lr_step.argtypes = (_P, _P, _P, _P, _P, _I, _P, _I, _F, _P, _P, _P)
+        lib.ebb_sparse_lr_step.argtypes = (
+            _P,
+            _P,
+            _P,
+            _P,
+            _P,
+            _I,
+            _P,
+            _I,
+            _F,
+            _P,
+            ctypes.c_double,
+            ctypes.c_double,
+            _P,
+            _P,
+            _P,
+        )
         lib.ebb_add_rows.restype = ctypes.c_int
         lib.ebb_add_rows.argtypes = (_P, _I, _I, _P, _I, _P, _F, _P)
         lib.ebb_apply_payloads.restype = _I

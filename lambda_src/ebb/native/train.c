@@ -217,12 +217,13 @@ enum { EBB_DONE = 0, EBB_BAD_ROW = 1, EBB_BAD_POSITION = 2 };
 
 /* PMF (ebb.models.pmf): r̂ = μ + b_u + b_i + U_u·V_i, each side's row [rank factors, bias].
  * A row's gradient is the mean of its ratings' (r̂ − r)·(the other side's row, with 1 for
- * the bias), plus l2 × the row. *loss = Σ (r̂ − r)². */
+ * the bias), plus l2 × the row; with row_sum (hyper.row_grad sum), their sum plus
+ * (count·l2) × the row. *loss = Σ (r̂ − r)². */
 EBB_BODY int pmf_step(const ebb_param *restrict user, const ebb_param *restrict item, int64_t rank,
                       const int64_t *restrict user_of, const int64_t *restrict item_of,
                       const float *restrict rating, int64_t n, const float *restrict user_count,
-                      const float *restrict item_count, float mu, float l2, const ebb_optim *restrict o,
-                      double *restrict loss_out) {
+                      const float *restrict item_count, float mu, float l2, int row_sum,
+                      const ebb_optim *restrict o, double *restrict loss_out) {
     const int64_t d = user->dim;
     if (gather(user) || gather(item)) return EBB_BAD_ROW;
     for (int64_t j = 0; j < user->k * d; j++) user->delta[j] = 0.0f;
@@ -266,7 +267,12 @@ EBB_BODY int pmf_step(const ebb_param *restrict user, const ebb_param *restrict 
             const float *restrict x = p->base + r * d;
             const float c = counts[s][r];
             prefetch_state(p, r + EBB_AHEAD);
-            for (int64_t j = 0; j < d; j++) g[j] = axpy(o, g[j] / c, l2, x[j]);
+            if (row_sum) { /* torch's g.add_(x * (count * l2)): two roundings, never fused */
+                const float lc = c * l2;
+                for (int64_t j = 0; j < d; j++) g[j] = g[j] + x[j] * lc;
+            } else {
+                for (int64_t j = 0; j < d; j++) g[j] = axpy(o, g[j] / c, l2, x[j]);
+            }
             optimise_row(o, p, r);
         }
     }
@@ -327,11 +333,15 @@ EBB_BODY int sparse_lr_any_order(const float *restrict w, int64_t kf, float b, c
 
 /* Sparse LR (ebb.models.logistic): logit = Σ w_f·x_f + b over a sample's non-zeros;
  * the gradient is the mean of (σ(logit) − y)·x, plus l2 × w for the weights (not the
- * bias). `scratch` holds n floats. *loss = Σ the samples' binary cross-entropy. */
+ * bias). With `last` (hyper.l2_every_step; NULL: off) a feature's l2 is l2_d × the steps
+ * since it was last touched, now − last[f], rounded to float32 as the torch path rounds it,
+ * and last[f] becomes now. `scratch` holds n floats. *loss = Σ the samples' binary
+ * cross-entropy. */
 EBB_BODY int sparse_lr_step(const ebb_param *restrict weight, const ebb_param *restrict bias,
                             const int64_t *restrict feature_of, const int64_t *restrict sample_of,
                             const float *restrict values, int64_t nnz, const float *restrict label, int64_t n,
-                            float l2, float *restrict scratch, const ebb_optim *restrict o, double *restrict loss_out) {
+                            float l2, double *restrict last, double l2_d, double now, float *restrict scratch,
+                            const ebb_optim *restrict o, double *restrict loss_out) {
     if (gather(weight) || gather(bias)) return EBB_BAD_ROW;
     const int64_t kf = weight->k;
     const float *restrict w = weight->base;
@@ -347,7 +357,16 @@ EBB_BODY int sparse_lr_step(const ebb_param *restrict weight, const ebb_param *r
                                       scratch);
     }
     if (outcome != EBB_DONE) return outcome;
-    for (int64_t r = 0; r < kf; r++) gw[r] = axpy(o, gw[r], l2, w[r]);
+    if (last) { /* torch's g.add_(w * l2_rows): two roundings, never fused */
+        for (int64_t r = 0; r < kf; r++) {
+            const int64_t f = weight->rows[r];
+            const float l2_r = (float)((-last[f] + now) * l2_d);
+            last[f] = now;
+            gw[r] = gw[r] + w[r] * l2_r;
+        }
+    } else {
+        for (int64_t r = 0; r < kf; r++) gw[r] = axpy(o, gw[r], l2, w[r]);
+    }
     if (o->kind == EBB_ADAM && !weight->row_steps) {
         adam_scalar_rows(o, weight);
     } else {
@@ -406,20 +425,21 @@ int ebb_simd_enabled(void); /* kernels.c */
  * to the compiler (unrolled, no remainder loops). */
 EBB_BODY int pmf_step_ranked(const ebb_param *u, const ebb_param *i, int64_t rank, const int64_t *uo,
                              const int64_t *io, const float *y, int64_t n, const float *uc, const float *ic, float mu,
-                             float l2, const ebb_optim *o, double *loss) {
-    if (rank == 20) return pmf_step(u, i, 20, uo, io, y, n, uc, ic, mu, l2, o, loss);
-    return pmf_step(u, i, rank, uo, io, y, n, uc, ic, mu, l2, o, loss);
+                             float l2, int sum, const ebb_optim *o, double *loss) {
+    if (rank == 20) return pmf_step(u, i, 20, uo, io, y, n, uc, ic, mu, l2, sum, o, loss);
+    return pmf_step(u, i, rank, uo, io, y, n, uc, ic, mu, l2, sum, o, loss);
 }
 
 EBB_DISPATCH(pmf_step_ranked,
              (const ebb_param *u, const ebb_param *i, int64_t rank, const int64_t *uo, const int64_t *io,
-              const float *y, int64_t n, const float *uc, const float *ic, float mu, float l2, const ebb_optim *o,
-              double *loss),
-             (u, i, rank, uo, io, y, n, uc, ic, mu, l2, o, loss))
+              const float *y, int64_t n, const float *uc, const float *ic, float mu, float l2, int sum,
+              const ebb_optim *o, double *loss),
+             (u, i, rank, uo, io, y, n, uc, ic, mu, l2, sum, o, loss))
 EBB_DISPATCH(sparse_lr_step,
              (const ebb_param *w, const ebb_param *b, const int64_t *fo, const int64_t *so, const float *x,
-              int64_t nnz, const float *y, int64_t n, float l2, float *scratch, const ebb_optim *o, double *loss),
-             (w, b, fo, so, x, nnz, y, n, l2, scratch, o, loss))
+              int64_t nnz, const float *y, int64_t n, float l2, double *last, double l2_d, double now, float *scratch,
+              const ebb_optim *o, double *loss),
+             (w, b, fo, so, x, nnz, y, n, l2, last, l2_d, now, scratch, o, loss))
 EBB_DISPATCH(add_rows,
              (float *t, int64_t n_rows, int64_t dim, const int64_t *rows, int64_t k, const float *v, float scale,
               const ebb_optim *o),
@@ -427,26 +447,30 @@ EBB_DISPATCH(add_rows,
 
 /* One PMF step: user and item hold the replica's tables and the batch's unique rows;
  * user_of / item_of [n] say which of those rows each rating has, user_count / item_count
- * how many ratings each row has. Writes each side's base and delta [k][rank + 1], advances
+ * how many ratings each row has; row_sum: a row's gradient sums its ratings' (else their mean).
+ * Writes each side's base and delta [k][rank + 1], advances
  * the optimiser's state of those rows, and sets *loss = Σ (r̂ − r)². Returns EBB_DONE, or
  * EBB_BAD_ROW / EBB_BAD_POSITION (a row not in its table, a position not among the rows)
  * with the optimiser's state untouched. */
 int ebb_pmf_step(const ebb_param *user, const ebb_param *item, int64_t rank, const int64_t *user_of,
                  const int64_t *item_of, const float *rating, int64_t n, const float *user_count,
-                 const float *item_count, float mu, float l2, const ebb_optim *opt, double *loss) {
-    return pmf_step_ranked_any(user, item, rank, user_of, item_of, rating, n, user_count, item_count, mu, l2, opt,
-                               loss);
+                 const float *item_count, float mu, float l2, int row_sum, const ebb_optim *opt, double *loss) {
+    return pmf_step_ranked_any(user, item, rank, user_of, item_of, rating, n, user_count, item_count, mu, l2, row_sum,
+                               opt, loss);
 }
 
 /* One sparse LR step on a CSR batch: weight holds the weight table [F][1] and the batch's
  * unique features; feature_of / sample_of [nnz] say which of them and which sample each
- * non-zero has; bias is the [1][1] table with its one row. Writes both bases and deltas,
+ * non-zero has; bias is the [1][1] table with its one row; last (or NULL) the step each
+ * feature was last touched, [F], now the current step (see sparse_lr_step). Writes both bases and deltas,
  * advances the optimiser's state of those rows and sets *loss = Σ log-loss. Returns as
  * ebb_pmf_step. */
 int ebb_sparse_lr_step(const ebb_param *weight, const ebb_param *bias, const int64_t *feature_of,
                        const int64_t *sample_of, const float *values, int64_t nnz, const float *label, int64_t n,
-                       float l2, float *scratch, const ebb_optim *opt, double *loss) {
-    return sparse_lr_step_any(weight, bias, feature_of, sample_of, values, nnz, label, n, l2, scratch, opt, loss);
+                       float l2, double *last, double l2_d, double now, float *scratch, const ebb_optim *opt,
+                       double *loss) {
+    return sparse_lr_step_any(weight, bias, feature_of, sample_of, values, nnz, label, n, l2, last, l2_d, now, scratch,
+                              opt, loss);
 }
 
 /* table[rows] += scale · vals for a float32 table [n_rows][dim] and unique rows [k]; only
