@@ -19,6 +19,7 @@ runs them, docs/AWS.md) and "serial" the sum of its jobs.
 
     python bench/tune.py                                   # every ratings preset and criteo-shaped, 1 worker
     python bench/tune.py --datasets ml-100k --workers 2 --with-torch
+    python bench/tune.py --trials 27                       # every search (random's too) with 27 trials
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def main(argv=None) -> None:
     p.add_argument("--no-packs", action="store_true", help="searches without trial packs (a fleet per job)")
     p.add_argument("--tune-args", default="", help="more ebb tune flags for the tune --quick arm ('--sampler qmc')")
     p.add_argument("--arm", action="append", default=[], metavar="LABEL=FLAGS", help="another tune --quick arm")
+    p.add_argument("--trials", type=int, help="every search's trial budget (default --quick's, 9), random's too")
     p.add_argument("--label", default="quick")
     p.add_argument("--json")
     args = p.parse_args(argv)
@@ -113,6 +115,7 @@ def main(argv=None) -> None:
         shutil.rmtree(base, ignore_errors=True)
         print(f"[{name}] {data['model']}, {args.workers} worker(s)", flush=True)
         packs = ["--no-packs"] if args.no_packs else []
+        packs += ["--trials", str(args.trials)] if args.trials else []
         random = ["--scheduler", "none", "--sampler", "random", *packs]
         got = {"defaults": run_defaults(data, args.workers, base / "defaults")}
         print(f"   defaults: {got['defaults']}", flush=True)
