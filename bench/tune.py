@@ -103,30 +103,45 @@ def main(argv=None) -> None:
     p.add_argument("--with-torch", action="store_true", help="also the grid-tuned PyTorch reference")
     p.add_argument("--no-packs", action="store_true", help="searches without trial packs (a fleet per job)")
     p.add_argument("--tune-args", default="", help="more ebb tune flags for the tune --quick arm ('--sampler qmc')")
+    p.add_argument("--no-quick", action="store_true", help="only the --arm searches (with the defaults and random)")
     p.add_argument("--arm", action="append", default=[], metavar="LABEL=FLAGS", help="another tune --quick arm")
     p.add_argument("--trials", type=int, help="every search's trial budget (default --quick's, 9), random's too")
+    p.add_argument(
+        "--random-from",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="take random search's row (and the defaults') from an earlier run's JSON, not run it again",
+    )
     p.add_argument("--label", default="quick")
     p.add_argument("--json")
     args = p.parse_args(argv)
     rows = []
     for name in args.datasets.split(","):
         data = dataset(name)
-        base = RUNS / f"{name}-w{args.workers}"
+        base = RUNS / f"{name}-w{args.workers}-{args.label}"  # (runs of different labels at once)
         shutil.rmtree(base, ignore_errors=True)
         print(f"[{name}] {data['model']}, {args.workers} worker(s)", flush=True)
         packs = ["--no-packs"] if args.no_packs else []
         packs += ["--trials", str(args.trials)] if args.trials else []
         random = ["--scheduler", "none", "--sampler", "random", *packs]
-        got = {"defaults": run_defaults(data, args.workers, base / "defaults")}
+        earlier = {
+            r["arm"]: {k: v for k, v in r.items() if k not in ("dataset", "workers", "arm", "metric")}
+            for f in args.random_from
+            for r in json.loads(Path(f).read_text())["rows"]
+            if r["dataset"] == name and r["workers"] == args.workers and r["arm"] in ("defaults", "random")
+        }
+        got = {"defaults": earlier.get("defaults") or run_defaults(data, args.workers, base / "defaults")}
         print(f"   defaults: {got['defaults']}", flush=True)
-        quick = [*packs, *args.tune_args.split()]
-        got["tune --quick"] = run_tune(data, args.workers, base / "tune", quick, args.parallel)
-        print(f"   tune --quick: {got['tune --quick']}", flush=True)
+        if not args.no_quick:
+            quick = [*packs, *args.tune_args.split()]
+            got["tune --quick"] = run_tune(data, args.workers, base / "tune", quick, args.parallel)
+            print(f"   tune --quick: {got['tune --quick']}", flush=True)
         for i, text in enumerate(args.arm):
             label, _, flags = text.partition("=")
             got[label] = run_tune(data, args.workers, base / f"arm{i}", [*packs, *flags.split()], args.parallel)
             print(f"   {label}: {got[label]}", flush=True)
-        got["random"] = run_tune(data, args.workers, base / "random", random, args.parallel)
+        got["random"] = earlier.get("random") or run_tune(data, args.workers, base / "random", random, args.parallel)
         print(f"   random: {got['random']}", flush=True)
         if args.with_torch:
             started = time.perf_counter()

@@ -128,6 +128,7 @@ def main(argv=None) -> None:
     p.add_argument("--reuse", help="with --collect: read RUNS/<REUSE>-<dataset> (runs made with the same arguments)")
     p.add_argument("--trials", type=int, help="with --collect: trials a search (default --quick's)")
     p.add_argument("--samplers", default="qmc,random", help="with --collect: the searches to train (qmc: ASHA's)")
+    p.add_argument("--draws", default="qmc", help="the collected search ASHA replays over: qmc (--quick's) | random")
     p.add_argument("--rungs-below", type=int, help="rungs below the top (default: from the trials)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a tune field over --quick's")
     args = p.parse_args(argv)
@@ -139,7 +140,7 @@ def main(argv=None) -> None:
     print(f"--quick with {overrides or 'nothing changed'}")
     for name in args.datasets.split(","):
         d = data[name]
-        r = replay(d["qmc"], d["model"], overrides, args.rungs_below)
+        r = replay(d[args.draws], d["model"], {"sampler": args.draws, **overrides}, args.rungs_below)
         # random search with as many trials (collected without it: the same draws, each to its end)
         full = d.get("random", d["qmc"])
         pool = full["trials"][: overrides.get("trials")]
