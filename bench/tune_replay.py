@@ -142,7 +142,7 @@ def main(argv=None) -> None:
         d = data[name]
         r = replay(d[args.draws], d["model"], {"sampler": args.draws, **overrides}, args.rungs_below)
         # random search with as many trials (collected without it: the same draws, each to its end)
-        full = d.get("random", d["qmc"])
+        full = d["random"] if "random" in d else d["qmc"]
         pool = full["trials"][: overrides.get("trials")]
         every = {t["trial"]: t["epochs"] for t in pool}
         random_usd = usd(full, every, len(every))
