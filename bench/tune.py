@@ -19,6 +19,7 @@ runs them, docs/AWS.md) and "serial" the sum of its jobs.
 
     python bench/tune.py                                   # every ratings preset and criteo-shaped, 1 worker
     python bench/tune.py --datasets ml-100k --workers 2 --with-torch
+    python bench/tune.py --trials 27                       # every search (random's too) with 27 trials
 """
 
 from __future__ import annotations
@@ -94,6 +95,21 @@ def run_tune(data: dict, workers: int, out: Path, extra: list[str], parallel: in
     }
 
 
+def _earlier(runs: dict, files: list[str], workers: int) -> None:
+    """Each dataset's defaults and random search from earlier runs' JSON (waiting for a run
+    still going to write it), in place of running them again."""
+    while True:
+        rows = [r for f in files if Path(f).exists() for r in json.loads(Path(f).read_text())["rows"]]
+        found = {(r["dataset"], r["arm"]): r for r in rows if r["workers"] == workers}
+        if all((name, arm) in found for name in runs for arm in ("defaults", "random")):
+            break
+        time.sleep(30)
+    for name, (_, got) in runs.items():
+        for arm in ("defaults", "random"):
+            r = {k: v for k, v in found[(name, arm)].items() if k not in ("dataset", "workers", "arm", "metric")}
+            got[arm] = {**r, "from": "earlier run"}  # (the defaults keep their place, first)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--datasets", default=",".join(DATASETS), help=f"comma-separated (default: {','.join(DATASETS)})")
@@ -102,29 +118,41 @@ def main(argv=None) -> None:
     p.add_argument("--with-torch", action="store_true", help="also the grid-tuned PyTorch reference")
     p.add_argument("--no-packs", action="store_true", help="searches without trial packs (a fleet per job)")
     p.add_argument("--tune-args", default="", help="more ebb tune flags for the tune --quick arm ('--sampler qmc')")
+    p.add_argument("--no-quick", action="store_true", help="only the --arm searches (with the defaults and random)")
     p.add_argument("--arm", action="append", default=[], metavar="LABEL=FLAGS", help="another tune --quick arm")
+    p.add_argument("--trials", type=int, help="every search's trial budget (default --quick's, 9), random's too")
+    p.add_argument(
+        "--random-from",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="take random search's row (and the defaults') from an earlier run's JSON, not run it again",
+    )
     p.add_argument("--label", default="quick")
     p.add_argument("--json")
     args = p.parse_args(argv)
-    rows = []
+    rows, runs = [], {}
     for name in args.datasets.split(","):
         data = dataset(name)
-        base = RUNS / f"{name}-w{args.workers}"
+        base = RUNS / f"{name}-w{args.workers}-{args.label}"  # (runs of different labels at once)
         shutil.rmtree(base, ignore_errors=True)
         print(f"[{name}] {data['model']}, {args.workers} worker(s)", flush=True)
         packs = ["--no-packs"] if args.no_packs else []
+        packs += ["--trials", str(args.trials)] if args.trials else []
         random = ["--scheduler", "none", "--sampler", "random", *packs]
-        got = {"defaults": run_defaults(data, args.workers, base / "defaults")}
+        got = {"defaults": None if args.random_from else run_defaults(data, args.workers, base / "defaults")}
         print(f"   defaults: {got['defaults']}", flush=True)
-        quick = [*packs, *args.tune_args.split()]
-        got["tune --quick"] = run_tune(data, args.workers, base / "tune", quick, args.parallel)
-        print(f"   tune --quick: {got['tune --quick']}", flush=True)
+        if not args.no_quick:
+            quick = [*packs, *args.tune_args.split()]
+            got["tune --quick"] = run_tune(data, args.workers, base / "tune", quick, args.parallel)
+            print(f"   tune --quick: {got['tune --quick']}", flush=True)
         for i, text in enumerate(args.arm):
             label, _, flags = text.partition("=")
             got[label] = run_tune(data, args.workers, base / f"arm{i}", [*packs, *flags.split()], args.parallel)
             print(f"   {label}: {got[label]}", flush=True)
-        got["random"] = run_tune(data, args.workers, base / "random", random, args.parallel)
-        print(f"   random: {got['random']}", flush=True)
+        if not args.random_from:
+            got["random"] = run_tune(data, args.workers, base / "random", random, args.parallel)
+            print(f"   random: {got['random']}", flush=True)
         if args.with_torch:
             started = time.perf_counter()
             ref = tune_torch(data, QUICK_TORCH_GRIDS[data["model"]], epochs=20)
@@ -133,6 +161,10 @@ def main(argv=None) -> None:
                 "best_val": ref["best_val"],
                 "host_s": round(time.perf_counter() - started, 1),
             }
+        runs[name] = (data, got)
+    if args.random_from:
+        _earlier(runs, args.random_from, args.workers)
+    for name, (data, got) in runs.items():
         d_usd = got["defaults"]["usd"]
         for arm, r in got.items():
             rows.append(

@@ -410,3 +410,21 @@ def test_a_ladder_sized_from_the_base_trials_own_run():
     assert again.rungs == [4, 100] and again.ladder == "sized"
     # Without a base trial (from_base off) the ladder is the fixed one.
     assert Search(spec.model_copy(update={"from_base": False}), start=start).rungs == spec.rungs()
+
+
+def test_a_sized_ladder_has_more_rungs_when_the_trials_are_many():
+    """With eta^3 trials (27 at eta 3) successive halving can thin them once more: a rung at
+    base_share of the base trial's epochs and one 1/eta below it; eta^4 (81): three. Up to
+    eta^2 (9, --quick) one rung, as before. Driven to the end, 26 others train to the first
+    rung, about a third of them on to the second, about a third of those to the end."""
+    spec = _spec(trials=27, eta=3, ladder="base", base_share=0.6, min_epochs=1, max_epochs=100)
+    assert [spec.model_copy(update={"trials": n}).base_rung_count() for n in (3, 9, 26, 27, 81)] == [1, 1, 1, 2, 3]
+    assert spec.base_rungs(15) == [3, 9, 100] and spec.model_copy(update={"trials": 9}).base_rungs(15) == [9, 100]
+    search, trials = Search(spec, start={"hyper.lr": 0.02, "hyper.rank": 20}), EarlyStopping()
+    drive(search, trials)
+    assert search.rungs == [2, 6, 100] and len(search.trials) == 27  # the base trial stopped at 10 epochs
+    second = [t for t in search.trials[1:] if 1 in t.scores and t.epochs > 2]
+    top = [t for t in search.trials[1:] if t.epochs > 6]
+    # (asynchronous: a trial goes on when it is in the best third of those in so far, so a few more)
+    assert 26 // 3 - 1 <= len(second) <= 26 // 2 and 1 <= len(top) <= len(second) // 2
+    assert sum(trials.trained.values()) == 10 + 26 * 2 + 4 * len(second) + 4 * len(top)

@@ -15,8 +15,9 @@ The ladder is fixed (``min_epochs`` × eta^k up to ``max_epochs``) or, with ``la
 (``--quick``'s), sized from the base trial's own run: the base trial (trial 0, the job's
 own settings) trains first, alone, to its early stopping, as ``ebb train`` would; its
 epochs set the rungs (``TuneSpec.base_rungs``), so each model and dataset is judged at its
-own scale (a sparse LR run that stops at 8 epochs, a PMF run that stops at 33). The base
-trial then stands at the top, holding one of the best 1/eta places of every rung.
+own scale (a sparse LR run that stops at 8 epochs, a PMF run that stops at 33), with more
+rungs when the trials are many (two below the top at 27 trials). The base trial then stands
+at the top, holding one of the best 1/eta places of every rung.
 """
 
 from __future__ import annotations

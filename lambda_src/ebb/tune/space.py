@@ -152,10 +152,11 @@ class TuneSpec(BaseModel):
     ladder: Literal["fixed", "base"] = Field(
         "fixed",
         description="fixed: rungs at min_epochs x eta^k | base: the base trial (from_base) trains first, "
-        "alone, to its own end; the first rung is base_share of its epochs (TuneSpec.base_rungs)",
+        "alone, to its own end; the last rung below the top is base_share of its epochs, with more rungs "
+        "below it (each 1/eta of the next) when the trials are many (TuneSpec.base_rungs)",
     )
     base_share: float = Field(
-        0.4, gt=0, lt=1, description='ladder "base": the first rung as a share of the base trial\'s epochs'
+        0.4, gt=0, lt=1, description='ladder "base": the last rung below the top as a share of the base trial\'s epochs'
     )
     scheduler: Literal["asha", "none"] = Field(
         "asha", description="asha (successive halving, asynchronous) | none: every trial trains max_epochs"
@@ -203,25 +204,43 @@ class TuneSpec(BaseModel):
     def rungs_text(self) -> str:
         """The ladder in a few words (``ebb tune``'s first line)."""
         if self.ladder == "base" and self.scheduler == "asha" and self.from_base:
+            n = self.base_rung_count()
+            below = f"{n} rungs up to" if n > 1 else "a rung at"
             return (
-                f"rungs from the base trial's run (it trains first, to its end; the first rung at "
+                f"rungs from the base trial's run (it trains first, to its end; {below} "
                 f"{self.base_share:g} of its epochs, then early stopping, at most {self.max_epochs})"
             )
         return f"rungs at {self.rungs()} epochs"
 
     def base_rungs(self, base_epochs: float) -> list[int]:
         """ladder "base": the rungs once the base trial has trained ``base_epochs`` epochs, to its
-        own end (early stopping, as a default run ends): the first rung at ``base_share`` of
-        them (at least min_epochs), then × eta while below the base trial's epochs, then
-        max_epochs, the backstop: a promoted trial trains on until early stopping ends it, as
-        the base trial did. The scale is the data's and the model's own (a sparse LR run that
-        stops at 8 epochs is judged at 3, a PMF run that stops at 33 at 13), where a fixed
-        ladder judged both at the same epochs."""
-        out, r = [], max(self.min_epochs, round(base_epochs * self.base_share))
-        while r < self.max_epochs and (not out or r < base_epochs):
-            out.append(r)
-            r *= self.eta
+        own end (early stopping, as a default run ends). The last rung below the top is at
+        ``base_share`` of them; with more trials, more rungs below it, each 1/eta of the next
+        (``base_rung_count``: one up to eta^2 trials, two up to eta^3, ...), so that successive
+        halving thins the many cheap first-rung trials as often as it can while the last
+        decision before a full run stays at base_share; then max_epochs, the backstop: a
+        promoted trial trains on until early stopping ends it, as the base trial did. The
+        scale is the data's and the model's own (a sparse LR run that stops at 8 epochs is
+        judged at 3, a PMF run that stops at 33 at 13), where a fixed ladder judged both at
+        the same epochs."""
+        last = base_epochs * self.base_share
+        out: list[int] = []
+        for k in range(self.base_rung_count() - 1, -1, -1):
+            r = max(self.min_epochs, round(last / self.eta**k))
+            if r < self.max_epochs and (not out or r > out[-1]):
+                out.append(r)
         return out + [self.max_epochs]
+
+    def base_rung_count(self) -> int:
+        """ladder "base": how many rungs below the top. Each rung keeps 1/eta of the trials that
+        reach it, so a search of ``trials`` can halve about log_eta(trials) times; the top (early
+        stopping, the best of what reached it) is the last of those: one rung below it up to
+        eta^2 trials (nine at eta 3: --quick), two up to eta^3 (27), three up to eta^4 (81)."""
+        halvings, n = 0, self.trials
+        while n >= self.eta:
+            n //= self.eta
+            halvings += 1
+        return max(1, halvings - 1)
 
     def distributions(self, base: dict[str, Any] | None = None) -> dict[str, BaseDistribution]:
         """Each field's distribution; ``base`` (field -> the base job's value) resolves relative bounds."""
