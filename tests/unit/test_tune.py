@@ -368,7 +368,7 @@ def test_quick_is_centred_on_the_base_job_which_is_its_first_trial(model, small_
     assert (lr.low, lr.high) == pytest.approx((0.25 * hyper.lr, 1.5 * hyper.lr))
     assert l2.high == pytest.approx((1.25 if model == "pmf" else 2.0) * hyper.l2)
     # The rungs wait for the base trial's own run (ladder "base"), to early stopping at most 100 epochs.
-    assert (spec.ladder, spec.base_share, spec.max_epochs) == ("base", 0.4, 100) and search.rungs == [100]
+    assert (spec.ladder, spec.base_share, spec.max_epochs) == ("base", 0.3, 100) and search.rungs == [100]
 
 
 class EarlyStopping(FakeTrials):

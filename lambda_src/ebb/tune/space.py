@@ -156,7 +156,7 @@ class TuneSpec(BaseModel):
         "below it (each 1/eta of the next) when the trials are many (TuneSpec.base_rungs)",
     )
     base_share: float = Field(
-        0.4, gt=0, lt=1, description='ladder "base": the last rung below the top as a share of the base trial\'s epochs'
+        0.3, gt=0, lt=1, description='ladder "base": the last rung below the top as a share of the base trial\'s epochs'
     )
     scheduler: Literal["asha", "none"] = Field(
         "asha", description="asha (successive halving, asynchronous) | none: every trial trains max_epochs"
@@ -261,19 +261,21 @@ class TuneSpec(BaseModel):
 # nine trials: TPE, told the base trial first, drew most of the rest near its optimizer and
 # rank; QMC spreads them, and its best validation was as good or better on 4 of 5 presets.
 # The rungs are sized from the base trial's own run (ladder "base"): it trains first, to
-# its early stopping (what `ebb train` would cost); the others are compared at 0.4 of its
+# its early stopping (what `ebb train` would cost); the others are compared at 0.3 of its
 # epochs, and the best 1/eta (the base trial holding one place) train on to their own early
 # stopping (max_epochs 100 is the backstop, as `ebb train`'s). A fixed ladder (12, 36) cost
 # 2.9-4.0x one run: on sparse LR (a run stops at 8 epochs) it pruned nothing, on PMF its
 # 12-epoch rung was most of a run; replayed over every trial's full curve on the 5 presets,
 # shares of 0.2-0.6 traded the ranking (validation at 1-4 epochs ranks poorly, at 12 well)
-# against the cost, and 0.4 kept the pick on 4 of 5 within 3x (docs/RESULTS-TOOLS.md, 10).
+# against the cost, and 0.4 kept the pick on 4 of 5 within 3x; with the models' row_grad sum
+# and l2_every_step, 0.3 and 0.4 picked the same trial on all 5, 0.3 within 3x on all 5 and
+# 0.4 on 3 (docs/RESULTS-TOOLS.md, 10).
 QUICK: dict[str, dict[str, Any]] = {
     "pmf": {
         "trials": 9,
         "eta": 3,
         "ladder": "base",
-        "base_share": 0.4,
+        "base_share": 0.3,
         "min_epochs": 1,
         "max_epochs": 100,
         "sampler": "qmc",
@@ -289,7 +291,7 @@ QUICK: dict[str, dict[str, Any]] = {
         "trials": 9,
         "eta": 3,
         "ladder": "base",
-        "base_share": 0.4,
+        "base_share": 0.3,
         "min_epochs": 1,
         "max_epochs": 100,
         "sampler": "qmc",
