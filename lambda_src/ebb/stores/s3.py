@@ -149,9 +149,12 @@ class S3ObjectStore:
     def put_new(self, key: str, data: bytes) -> bool:
         """A conditional PUT (``If-None-Match: *``): S3 refuses it with 412 when the key
         exists, and with 409 when a concurrent conditional PUT of the key is in flight."""
-        full = self._key(key)
+        return self._put_on_condition(key, data, IfNoneMatch="*")
+
+    def _put_on_condition(self, key: str, data: bytes, **condition: str) -> bool:
+        """A PUT with S3's ``condition`` (IfNoneMatch or IfMatch); False when it does not hold."""
         try:
-            self.client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*")
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **condition)
         except ClientError as exc:
             if self._code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
                 return False
@@ -179,16 +182,7 @@ class S3ObjectStore:
         writer got there first (412, or 409 for a concurrent conditional PUT)."""
         if etag is None:
             return self.put_new(key, data)
-        full = self._key(key)
-        try:
-            self.client.put_object(Bucket=self.bucket, Key=full, Body=data, IfMatch=etag)
-        except ClientError as exc:
-            if self._code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
-                return False
-            raise self._error("PutObject", key, exc) from exc
-        except BotoCoreError as exc:
-            raise self._error("PutObject", key, exc) from exc
-        return True
+        return self._put_on_condition(key, data, IfMatch=etag)
 
     def exists(self, key: str) -> bool:
         full = self._key(key)
