@@ -406,7 +406,7 @@ def test_a_raw_file_with_a_bad_row_fails_in_prepare_naming_the_line(aws):
     assert run["status"] == "FAILED"
     assert _entered(run["history"]) == ["Validate", "Prepare?", "Prepare", "PrepareFailed", "OnFailure", "JobFailed"]
     (prepare,) = _of_job(aws.runtime.of("prepare"), job)
-    assert prepare.event == {"job_id": job, "spec_key": f"jobs/{job}/spec.json"}
+    assert prepare.event == {"job_id": job, "spec_key": f"jobs/{job}/spec.json", "packed": False}  # not a pack's job
     report = json.loads(_stored(aws, f"jobs/{job}/report.json"))
     assert report["status"] == "failed" and report["failed_state"] == "Prepare"
     assert f"s3://{aws.bucket}/raw/bad.csv:3: " in report["error"]

@@ -165,7 +165,7 @@ def test_prepare_help_names_s3():
 
 
 def test_train_reads_and_writes_s3_through_rounds(moto_s3, s3_env, ratings_csv):
-    """`ebb prepare --out s3://` then `ebb train --data s3:// --out s3:// --round-seconds`: the report,
+    """`ebb prepare --out s3://` then `ebb train --data s3:// --out s3:// --round-steps`: the report,
     the model, the plot and the checkpoints of every round land in the bucket."""
     bucket = unique_bucket()
     moto_s3.create_bucket(Bucket=bucket)
@@ -194,8 +194,8 @@ def test_train_reads_and_writes_s3_through_rounds(moto_s3, s3_env, ratings_csv):
             "none",
             "--max-epochs",
             "150",
-            "--round-seconds",
-            "1.5",  # a step with its S3 reads took 0.62 s on a loaded machine: a round holds a few
+            "--round-steps",  # rounds by steps: by the clock a quiet machine early-stopped within one
+            "3",
             "--seed",
             "2",
         ],
