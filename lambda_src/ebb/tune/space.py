@@ -268,8 +268,8 @@ class TuneSpec(BaseModel):
 # 12-epoch rung was most of a run; replayed over every trial's full curve on the 5 presets,
 # shares of 0.2-0.6 traded the ranking (validation at 1-4 epochs ranks poorly, at 12 well)
 # against the cost, and 0.4 kept the pick on 4 of 5 within 3x; with the models' row_grad sum
-# and l2_every_step, 0.3 and 0.4 picked the same trial on all 5, 0.3 within 3x on all 5 and
-# 0.4 on 3 (docs/RESULTS-TOOLS.md, 10).
+# and l2_every_step, 0.3 and 0.4 picked the same trial on all 5, 0.3 for 2.3-3.1x one run and
+# 0.4 for 2.5-3.2x (docs/RESULTS-TOOLS.md, 10).
 QUICK: dict[str, dict[str, Any]] = {
     "pmf": {
         "trials": 9,
