@@ -119,22 +119,7 @@ class S3ObjectStore:
         return exc.response.get("Error", {}).get("Code", "")
 
     def get(self, key: str) -> bytes:
-        full = self._key(key)
-        for attempt in range(BODY_ATTEMPTS):
-            try:
-                response = self.client.get_object(Bucket=self.bucket, Key=full)
-            except ClientError as exc:
-                if self._code(exc) in _MISSING_KEY:
-                    raise self._missing(exc, key) from None
-                raise self._error("GetObject", key, exc) from exc
-            except BotoCoreError as exc:
-                raise self._error("GetObject", key, exc) from exc
-            try:
-                return response["Body"].read()
-            except S3_RETRYABLE_DOWNLOAD_ERRORS as exc:
-                if attempt == BODY_ATTEMPTS - 1:
-                    raise self._error("GetObject", key, exc) from exc
-        raise AssertionError("unreachable")
+        return self.get_tagged(key)[0]
 
     def put(self, key: str, data: bytes) -> None:
         full = self._key(key)
@@ -166,15 +151,21 @@ class S3ObjectStore:
     def get_tagged(self, key: str) -> tuple[bytes, str]:
         """The object and its ETag, for a later ``put_if_match`` (optimistic concurrency)."""
         full = self._key(key)
-        try:
-            response = self.client.get_object(Bucket=self.bucket, Key=full)
-            return response["Body"].read(), response["ETag"]
-        except ClientError as exc:
-            if self._code(exc) in _MISSING_KEY:
-                raise self._missing(exc, key) from None
-            raise self._error("GetObject", key, exc) from exc
-        except BotoCoreError as exc:
-            raise self._error("GetObject", key, exc) from exc
+        for attempt in range(BODY_ATTEMPTS):
+            try:
+                response = self.client.get_object(Bucket=self.bucket, Key=full)
+            except ClientError as exc:
+                if self._code(exc) in _MISSING_KEY:
+                    raise self._missing(exc, key) from None
+                raise self._error("GetObject", key, exc) from exc
+            except BotoCoreError as exc:
+                raise self._error("GetObject", key, exc) from exc
+            try:
+                return response["Body"].read(), response["ETag"]
+            except S3_RETRYABLE_DOWNLOAD_ERRORS as exc:
+                if attempt == BODY_ATTEMPTS - 1:
+                    raise self._error("GetObject", key, exc) from exc
+        raise AssertionError("unreachable")
 
     def put_if_match(self, key: str, data: bytes, etag: str | None) -> bool:
         """A conditional PUT: only over the version whose ETag is ``etag`` (``If-Match``), or,
