@@ -367,8 +367,11 @@ def test_quick_is_centred_on_the_base_job_which_is_its_first_trial(model, small_
     lr, l2 = search.distributions["hyper.lr"], search.distributions["hyper.l2"]
     assert (lr.low, lr.high) == pytest.approx((0.25 * hyper.lr, 1.5 * hyper.lr))
     assert l2.high == pytest.approx((1.25 if model == "pmf" else 2.0) * hyper.l2)
-    # The rungs wait for the base trial's own run (ladder "base"), to early stopping at most 100 epochs.
-    assert (spec.ladder, spec.base_share, spec.max_epochs) == ("base", 0.3, 100) and search.rungs == [100]
+    # The rungs wait for the base trial's own run (ladder "base"), to early stopping at most 100
+    # epochs; sparse LR's validation ranks trials earlier; PMF's rungs rank each optimizer apart.
+    share, within = (0.3, ["hyper.optimizer"]) if model == "pmf" else (0.2, [])
+    assert (spec.ladder, spec.base_share, spec.max_epochs, spec.compare_within) == ("base", share, 100, within)
+    assert search.rungs == [100]
 
 
 class EarlyStopping(FakeTrials):
@@ -428,3 +431,36 @@ def test_a_sized_ladder_has_more_rungs_when_the_trials_are_many():
     # (asynchronous: a trial goes on when it is in the best third of those in so far, so a few more)
     assert 26 // 3 - 1 <= len(second) <= 26 // 2 and 1 <= len(top) <= len(second) // 2
     assert sum(trials.trained.values()) == 10 + 26 * 2 + 4 * len(second) + 4 * len(top)
+
+
+def test_compare_within_ranks_a_slower_optimizers_trials_among_themselves():
+    """Short-horizon bias: an optimizer that converges more slowly per epoch to a lower floor
+    looks worst at an early rung and plain ASHA prunes it; ranked within its own group it
+    holds places of its own, and its best trial wins. The field must be a choice field."""
+
+    def curve(params: dict, epochs: float) -> float:
+        slow = params["hyper.optimizer"] == "sgd_momentum"
+        floor = (0.9 if slow else 1.0) + 0.05 * math.log10(params["hyper.lr"] / 0.02) ** 2
+        return floor + (1.0 if slow else 0.5) / (1.0 + epochs)  # slower at epochs 1 and 3, ahead at 9
+
+    space = {"hyper.lr": {"log_uniform": [0.002, 0.2]}, "hyper.optimizer": {"choice": ["adam", "sgd_momentum"]}}
+
+    def searched(**fields) -> Search:
+        spec = TuneSpec.model_validate({"trials": 12, "min_epochs": 1, "max_epochs": 9, "space": space, **fields})
+        search = Search(spec)
+        while (job := search.next_job()) is not None:
+            t = search.trials[job.trial]
+            points = [[e, curve(t.params, e)] for e in range(1, job.to_epochs + 1)]
+            status = "paused" if job.rung < search.top else "max_epochs"
+            search.job_done(job, Outcome(job.to_epochs, points[-1][1], 0.0, 0.0, status, points))
+        return search
+
+    plain, grouped = searched(), searched(compare_within=["hyper.optimizer"])
+    assert any(t.params["hyper.optimizer"] == "sgd_momentum" for t in plain.trials)  # the draws hold both
+    assert plain.best().params["hyper.optimizer"] == "adam"
+    assert grouped.best().params["hyper.optimizer"] == "sgd_momentum"
+    # Still successive halving: each group's best third go on (asynchronously, a group's first
+    # trial in is its best so far, so a few more than a third), not every trial.
+    assert sum(1 in t.scores for t in plain.trials) <= sum(1 in t.scores for t in grouped.trials) <= 12 // 2
+    with pytest.raises(ValueError, match="compare_within: hyper.lr is not a choice field"):
+        TuneSpec.model_validate({"space": space, "compare_within": ["hyper.lr"]})

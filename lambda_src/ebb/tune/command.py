@@ -23,6 +23,7 @@ TUNE_FLAGS = (
     Flag("scheduler"),
     Flag("ladder"),
     Flag("base_share", metavar="SHARE"),
+    Flag("compare_within", metavar="FIELD"),
     Flag("parallel", metavar="CPUS"),
     Flag("seed", "--tune-seed"),
 )

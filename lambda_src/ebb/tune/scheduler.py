@@ -191,7 +191,7 @@ class Search:
         sized from it, it has trained to its end first and holds one of the best 1/eta places
         of every rung (only eta-1 of eta go on past a rung, as in any successive halving)."""
         for k in range(self.top - 1, -1, -1):
-            reached = sorted((t for t in self.trials if k in t.scores), key=lambda t: (t.scores[k], t.id))
+            reached = self._ranked(k)
             keep = len(reached) // self.spec.eta
             if closing:
                 keep = max(1, keep)
@@ -203,6 +203,21 @@ class Search:
                 if t.rung == k and not t.running and not t.done:
                     return t, k + 1
         return None
+
+    def _ranked(self, k: int) -> list[Trial]:
+        """The trials that reached rung ``k``, best first: by score, or (``compare_within``) by
+        their place in their own group (the same values of those fields), then by score. A
+        slower optimizer's trials then hold places by their own ranking, not behind every trial
+        of a faster one at the same early epoch."""
+        reached = sorted((t for t in self.trials if k in t.scores), key=lambda t: (t.scores[k], t.id))
+        fields = self.spec.compare_within
+        if not fields:
+            return reached
+        groups: dict[tuple, list[Trial]] = {}
+        for t in reached:
+            groups.setdefault(tuple(repr(t.params.get(f)) for f in fields), []).append(t)
+        place = {t.id: i / len(g) for g in groups.values() for i, t in enumerate(g)}
+        return sorted(reached, key=lambda t: (place[t.id], t.scores[k], t.id))
 
     def _is_base(self, t: Trial) -> bool:
         return t.id == 0 and bool(self.first) and t.params == {**t.params, **self.first}

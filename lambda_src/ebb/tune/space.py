@@ -158,6 +158,12 @@ class TuneSpec(BaseModel):
     base_share: float = Field(
         0.3, gt=0, lt=1, description='ladder "base": the last rung below the top as a share of the base trial\'s epochs'
     )
+    compare_within: list[str] = Field(
+        default_factory=list,
+        description="choice fields whose trials a rung ranks among themselves (each trial by its place "
+        "in its own group): an optimizer that converges more slowly per epoch is not judged against a "
+        "faster one at the same early epoch",
+    )
     scheduler: Literal["asha", "none"] = Field(
         "asha", description="asha (successive halving, asynchronous) | none: every trial trains max_epochs"
     )
@@ -185,6 +191,9 @@ class TuneSpec(BaseModel):
     def _ladder(self) -> TuneSpec:
         if self.max_epochs < self.min_epochs:
             raise ValueError(f"max_epochs ({self.max_epochs}) < min_epochs ({self.min_epochs})")
+        for field in self.compare_within:
+            if field not in self.space or self.space[field].choice is None:
+                raise ValueError(f"compare_within: {field} is not a choice field of tune.space")
         return self
 
     def cpu_budget(self) -> int:
@@ -269,7 +278,12 @@ class TuneSpec(BaseModel):
 # shares of 0.2-0.6 traded the ranking (validation at 1-4 epochs ranks poorly, at 12 well)
 # against the cost, and 0.4 kept the pick on 4 of 5 within 3x; with the models' row_grad sum
 # and l2_every_step, 0.3 and 0.4 picked the same trial on all 5, 0.3 for 2.3-3.1x one run and
-# 0.4 for 2.5-3.2x (docs/RESULTS-TOOLS.md, 10).
+# 0.4 for 2.5-3.2x (docs/RESULTS-TOOLS.md, 10). Sparse LR's validation ranks its trials
+# earlier (the best of 27 first at 3 epochs of its 14, on QMC's and random draws alike), so
+# 0.2 there. PMF's rungs rank each optimizer's trials among themselves (compare_within):
+# SGD with momentum trails Adam for the first third of a run and then often passes it, so
+# compared with Adam at one rung the best SGD trials were pruned (over 27 random draws per
+# preset, random search's best was reached on 4 of 5 presets with it, on 1 without).
 QUICK: dict[str, dict[str, Any]] = {
     "pmf": {
         "trials": 9,
@@ -279,6 +293,7 @@ QUICK: dict[str, dict[str, Any]] = {
         "min_epochs": 1,
         "max_epochs": 100,
         "sampler": "qmc",
+        "compare_within": ["hyper.optimizer"],
         "space": {
             "hyper.lr": {"log_uniform": [0.25, 1.5], "relative": True},
             "hyper.l2": {"log_uniform": [0.6, 1.25], "relative": True},
@@ -291,7 +306,7 @@ QUICK: dict[str, dict[str, Any]] = {
         "trials": 9,
         "eta": 3,
         "ladder": "base",
-        "base_share": 0.3,
+        "base_share": 0.2,
         "min_epochs": 1,
         "max_epochs": 100,
         "sampler": "qmc",
