@@ -191,9 +191,11 @@ class TuneSpec(BaseModel):
     def _ladder(self) -> TuneSpec:
         if self.max_epochs < self.min_epochs:
             raise ValueError(f"max_epochs ({self.max_epochs}) < min_epochs ({self.min_epochs})")
+        choices = [f for f, p in self.space.items() if p.choice is not None]
         for field in self.compare_within:
-            if field not in self.space or self.space[field].choice is None:
-                raise ValueError(f"compare_within: {field} is not a choice field of tune.space")
+            if field not in choices:
+                listed = ", ".join(choices) or "none"
+                raise ValueError(f"compare_within: {field} is not a choice field of tune.space ({listed})")
         return self
 
     def cpu_budget(self) -> int:
@@ -347,7 +349,9 @@ def tune_spec(
     except ValidationError as exc:
         err = exc.errors()[0]
         where, message = ".".join(str(p) for p in err["loc"]), err["msg"].removeprefix("Value error, ")
-        raise SpecError(message if message.startswith("tune.") else f"tune.{where}: {message}") from None
+        if not message.startswith("tune."):  # (a check of the whole section names its field itself)
+            message = f"tune.{where}: {message}" if where else f"tune.{message}"
+        raise SpecError(message) from None
     if not spec.space:
         raise SpecError("tune: nothing to search: give a space (tune.space in the job file, --param, or --quick)")
     return spec
