@@ -446,7 +446,7 @@ def test_compare_within_ranks_a_slower_optimizers_trials_among_themselves():
     space = {"hyper.lr": {"log_uniform": [0.002, 0.2]}, "hyper.optimizer": {"choice": ["adam", "sgd_momentum"]}}
 
     def searched(**fields) -> Search:
-        spec = TuneSpec.model_validate({"trials": 12, "min_epochs": 1, "max_epochs": 9, "space": space, **fields})
+        spec = TuneSpec.model_validate({"trials": 18, "min_epochs": 1, "max_epochs": 9, "space": space, **fields})
         search = Search(spec)
         while (job := search.next_job()) is not None:
             t = search.trials[job.trial]
@@ -459,8 +459,7 @@ def test_compare_within_ranks_a_slower_optimizers_trials_among_themselves():
     assert any(t.params["hyper.optimizer"] == "sgd_momentum" for t in plain.trials)  # the draws hold both
     assert plain.best().params["hyper.optimizer"] == "adam"
     assert grouped.best().params["hyper.optimizer"] == "sgd_momentum"
-    # Still successive halving: each group's best third go on (asynchronously, a group's first
-    # trial in is its best so far, so a few more than a third), not every trial.
-    assert sum(1 in t.scores for t in plain.trials) <= sum(1 in t.scores for t in grouped.trials) <= 12 // 2
+    # Still successive halving: each group's best third go on, not every trial.
+    assert sum(1 in t.scores for t in plain.trials) <= sum(1 in t.scores for t in grouped.trials) <= 18 // 2
     with pytest.raises(ValueError, match="compare_within: hyper.lr is not a choice field"):
         TuneSpec.model_validate({"space": space, "compare_within": ["hyper.lr"]})

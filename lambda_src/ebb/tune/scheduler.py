@@ -230,8 +230,16 @@ class Search:
         if self.ladder == "waiting" and self.trials:
             return None  # the base trial is training: the rungs are not known yet (its job: rung 0, the top)
         found = self._promotable(closing=not more and not running)
-        # A promotion first; when it does not fit the budget, a new trial's first rung may.
-        options = ([found] if found is not None else []) + ([(None, 0)] if more else [])
+        promotion = [found] if found is not None else []
+        new = [(None, 0)] if more else []
+        # Without a $ budget, every trial starts before any is promoted: a place at a rung is
+        # then weighed against all the first-rung results, not the first few in (promoting as
+        # trials came in gave the last rung's places to early trials, and on ml-latest-small
+        # cost random search's best trial its place); no slot waits, as a promotion takes a
+        # free one once none is left to start. With a budget, a promotion first, so the money
+        # reaches the promising trials before it runs out; when it does not fit, a new trial's
+        # first rung may.
+        options = promotion + new if self.spec.budget_usd is not None else new + promotion
         for t, rung in options:
             from_epochs = t.epochs if t is not None else 0.0
             to_epochs = self.rungs[rung]
