@@ -463,3 +463,17 @@ def test_compare_within_ranks_a_slower_optimizers_trials_among_themselves():
     assert sum(1 in t.scores for t in plain.trials) <= sum(1 in t.scores for t in grouped.trials) <= 18 // 2
     with pytest.raises(ValueError, match="compare_within: hyper.lr is not a choice field"):
         TuneSpec.model_validate({"space": space, "compare_within": ["hyper.lr"]})
+
+
+def test_every_trial_starts_before_any_is_promoted_unless_a_budget_binds():
+    """Without a budget a place at a rung is weighed against every first-rung result (the
+    first jobs are each trial's first rung); with one, promotions go first, so the money
+    reaches the promising trials before new ones spend it."""
+    search = Search(_spec())
+    drive(search, FakeTrials())
+    first = [x["rung"] for x in search.launches[:12]]
+    assert first == [0] * 12 and any(x["rung"] > 0 for x in search.launches[12:])
+    budgeted = Search(_spec(budget_usd=1.0))
+    drive(budgeted, FakeTrials())
+    starts = [i for i, x in enumerate(budgeted.launches) if x["rung"] == 0]
+    assert any(x["rung"] > 0 for x in budgeted.launches[: starts[-1]])  # a promotion before the last start
