@@ -194,6 +194,10 @@ def _view(prepared: Path, scored: str) -> Path:
             link = view / split / part.name
             if not link.exists():
                 link.symlink_to(part)
+    # The other objects too (a ratings set's id_map, which a PMF job's model artifact copies).
+    for other in prepared.iterdir():
+        if other.is_file() and other.name != MANIFEST_KEY and not (view / other.name).exists():
+            (view / other.name).symlink_to(other)
     if scored == "val":
         manifest.test = manifest.val
         manifest.stats = {k: v for k, v in manifest.stats.items() if not k.startswith("test_")}
