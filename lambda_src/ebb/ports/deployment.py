@@ -51,9 +51,12 @@ def tune_prefix(tune_id: str) -> str:
     return f"{TUNES}{tune_id}"
 
 
+TUNE_STATE_FILE = "state.json"  # under a search's prefix
+
+
 def tune_state_key(tune_id: str) -> str:
     """A search's state between its steps; OnFailure reads which job a stopped pack was training."""
-    return f"{tune_prefix(tune_id)}/state.json"
+    return f"{tune_prefix(tune_id)}/{TUNE_STATE_FILE}"
 
 
 # What each function writes, as object-key patterns (IAM wildcards; `*` spans `/`). The

@@ -245,7 +245,7 @@ class LocalTune:
                 "first_trial": first.trial,
             }
         )
-        _price(record, spec)
+        price_pack(record, spec)
         record["shares"] = {str(first.trial): record["usd"]}
         self.search.trials[first.trial].cost_usd += record["usd"]
         self.packs.append(record)
@@ -259,7 +259,7 @@ class LocalTune:
         record["open"] = False
         trained = sum(j["seconds"] for j in record["jobs"])
         record["waves"] = 1 + int((record["seconds"] + trained) // self.base.spec().round_seconds)
-        _price(record, self.base.spec())
+        price_pack(record, self.base.spec())
         self._reshare(record)
 
     def _decided(self, pack: _Pack) -> None:
@@ -275,7 +275,7 @@ class LocalTune:
         record["decisions"] += 1
         record["decide_seconds"] = round(record["decide_seconds"] + spent, 4)
         pack.freed_at = None
-        _price(record, self.base.spec())
+        price_pack(record, self.base.spec())
         self._reshare(record)
 
     def _reshare(self, record: dict[str, Any]) -> None:
@@ -612,7 +612,7 @@ def _pack_process(conn, spec_json: str, log_path: str) -> None:
         conn.send(code)
 
 
-def _price(record: dict[str, Any], spec: JobSpec) -> None:
+def price_pack(record: dict[str, Any], spec: JobSpec) -> None:
     """What ``record``'s pack pays once, priced (``usd``, ``by_component``)."""
     from ebb.cost.meter import pack_cost
 

@@ -45,12 +45,12 @@ from ebb.ports.objects import ObjectStore
 from ebb.spec import JobSpec, SpecError, parse_spec
 from ebb.stores import open_object_store
 from ebb.stores.s3 import S3ObjectStore
-from ebb.tune.runner import BEST_FILES, _price, pack_totals, pack_usd, reshare, tune_result, with_pack_share
+from ebb.tune.runner import BEST_FILES, pack_totals, pack_usd, price_pack, reshare, tune_result, with_pack_share
 from ebb.tune.scheduler import Job, Outcome, Search
 from ebb.tune.space import TuneSpec, start_point
 from ebb.tune.trial import TRIAL_SPEC, close, last_rung_passes, outcome
 
-STATE_FILE = "state.json"  # (names.tune_state_key)
+STATE_FILE = names.TUNE_STATE_FILE
 RESULT_FILE = "tune.json"
 BEST = "best"
 # A tune's id is its execution's name, at most this long: a trial's job id and its
@@ -347,7 +347,7 @@ class StackTune:
             "first_trial": first.trial,
             "events": 0,
         }
-        _price(record, self._priced())
+        price_pack(record, self._priced())
         record["shares"] = {str(first.trial): record["usd"]}
         self.search.trials[first.trial].cost_usd += record["usd"]
         self.packs.append(record)
@@ -393,7 +393,7 @@ class StackTune:
         (on a stack every round is one), and shared out by its trials' seconds."""
         record["waves"] = max(1, sum(j["rounds"] for j in record["jobs"]))
         record["transitions"] = PACK_JOB_STATES * len(record["jobs"]) + 3 * record.get("polls", 0)
-        _price(record, self._priced())
+        price_pack(record, self._priced())
         reshare(record, self.search.trials)
 
     def conclude(self) -> dict[str, Any]:
